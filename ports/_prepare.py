@@ -1,0 +1,30 @@
+"""Helpers the canonical adapters share to turn a forward function into a prepared call."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from reference.case import RopeCase, RopeInputs
+
+Forward = Callable[[Sequence[torch.Tensor]], tuple[torch.Tensor, ...]]
+
+
+def forward_or_backward(case: RopeCase, inputs: RopeInputs, forward: Forward):
+    """A zero-argument call: ``forward(xs)`` for forward cases; for backward cases the gradient
+    through ``forward`` by autograd, with the graph built once here (outside the timed call)."""
+    if case.direction == "forward":
+        return lambda: tuple(forward(inputs.xs))
+    leaves = [x.detach().requires_grad_(True) for x in inputs.xs]
+    outs = forward(leaves)
+    grads = inputs.grads
+
+    def backward():
+        return torch.autograd.grad(outs, leaves, grads, retain_graph=True)
+
+    return backward
+
+
+def per_tensor(fn: Callable[[torch.Tensor], torch.Tensor]) -> Forward:
+    """Apply a one-tensor function to each tensor of the case, one call each."""
+    return lambda xs: tuple(fn(x) for x in xs)

@@ -1,0 +1,1 @@
+"""Eager PyTorch baselines (their code lives in :mod:`reference.eager`) and torch.compile."""

@@ -1,0 +1,65 @@
+"""Benchmark (not a test): the adapter's host time per call on a tiny input, next to a bare CuPy
+RawKernel launch of the same kernel (ANCHORS.md measured 8.4 us for a bare launch).
+
+Host time per call = wall time of N back-to-back calls / N, with the GPU work tiny enough that
+the host, not the GPU, sets the pace (checked: the GPU time per call is printed too).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+CALLS = 20000
+
+
+def _per_call_us(fn, calls: int = CALLS) -> float:
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def measure() -> dict[str, float]:
+    import numpy as np
+
+    from ports import _cupy, leetcuda
+
+    cp = _cupy.cupy()
+    x = torch.randn(4, 64, device="cuda")
+    out = torch.empty_like(x)
+    results = {"adapter: leetcuda.rope_f32(x, out)": _per_call_us(lambda: leetcuda.rope_f32(x, out))}
+
+    raw = cp.RawKernel(leetcuda.MODULE.source, "rope_f32_kernel", options=("--use_fast_math",))
+    xc = cp.random.standard_normal((4, 64), dtype=cp.float32)
+    oc = cp.empty_like(xc)
+    args = (xc, oc, np.int32(4), np.int32(32))
+    results["bare cupy.RawKernel launch"] = _per_call_us(lambda: raw((1,), (256,), args))
+
+    fn = leetcuda.MODULE.function("rope_f32_kernel", x.device)
+    stream = _cupy._external_stream(torch.cuda.current_stream().cuda_stream, x.device.index)
+    pargs = (_cupy.ptr(x), _cupy.ptr(out), np.int32(4), np.int32(32))
+    results["cached Function, torch stream, no checks"] = _per_call_us(
+        lambda: fn((1,), (256,), pargs, stream=stream))
+
+    from ports.harness.timing import median_us
+
+    results["(GPU time of one launch)"] = median_us(lambda: leetcuda.rope_f32(x, out))
+    return results
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("the host-overhead benchmark needs an NVIDIA GPU")
+        return 1
+    from tabulate import tabulate
+
+    rows = [[k, f"{v:.1f}"] for k, v in measure().items()]
+    print(f"## host time per call, tiny input (x[4, 64] fp32), {torch.cuda.get_device_name()}")
+    print(tabulate(rows, headers=["what", "us per call"], tablefmt="github",
+                   disable_numparse=True))
+    return 0

@@ -1,0 +1,137 @@
+"""Tables (tabulate), CSV and JSON from study results. Every cell is a number or a reason."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterable, Sequence
+
+from tabulate import tabulate
+
+from ports._spec import ImplSpec
+from ports.harness.study import CaseReport, Result
+
+RESULT_HEADERS = ("implementation", "check", "max abs err", "max rel err", "err/tol",
+                  "median us", "GB/s", "% copy", "vs eager")
+
+
+def _num(value: float | None, fmt: str, missing: str) -> str:
+    return missing if value is None else format(value, fmt)
+
+
+def result_row(r: Result, graph: bool = False) -> list[str]:
+    """One table row. Cells without a number carry the short reason (the check cell the long one)."""
+    if r.status in ("unsupported", "error", "OOM"):
+        word = {"unsupported": "unsupported", "error": "error", "OOM": "OOM"}[r.status]
+        check = f"{word}: {r.reason}" if r.status != "OOM" else f"OOM: {r.reason}"
+        cells = [word] * (len(RESULT_HEADERS) - 2 + (1 if graph else 0))
+        return [r.impl, check, *cells]
+    check = "ok" if r.status == "ok" else f"FAIL: {r.reason}"
+    no_time = "failed" if r.status != "ok" else ("no GPU" if r.timing_note else "n/a")
+    row = [
+        r.impl, check,
+        _num(r.max_abs_err, ".2e", "n/a"),
+        _num(r.max_rel_err, ".2e", "n/a"),
+        _num(r.err_over_tol, ".2f", "n/a"),
+        _num(r.median_us, ".1f", no_time),
+    ]
+    if graph:
+        row.append(_num(r.graph_us, ".1f", no_time))
+    row += [
+        _num(r.gbps, ".0f", no_time),
+        _num(r.pct_copy, ".1f", no_time),
+        _num(r.speedup, ".2f", "baseline n/a" if r.median_us is not None else no_time),
+    ]
+    return row
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def case_table(report: CaseReport, graph: bool = False, fmt: str = "github") -> str:
+    """A titled table for one case; the title states the units and the byte count."""
+    case = report.case
+    headers = list(RESULT_HEADERS)
+    if graph:
+        headers.insert(6, "graph us")
+    title = f"## {case.label + ': ' if case.label else ''}{case.describe()}"
+    lines = [title,
+             f"bytes moved {_bytes(case.io_bytes())} (read + write of every rotated tensor; "
+             "tables excluded)"
+             + (f"; copy bandwidth {report.copy_gbps:.0f} GB/s" if report.copy_gbps else "")
+             + (f"; speed-up vs {report.baseline}" if report.baseline else "; no eager baseline")]
+    rows = [result_row(r, graph) for r in report.results]
+    lines.append(tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True))
+    return "\n".join(lines)
+
+
+def flat_rows(reports: Iterable[CaseReport], meta: dict[str, str]) -> list[dict]:
+    """One flat dict per (case, implementation), with provenance, for CSV and JSON."""
+    rows = []
+    for rep in reports:
+        case_fields = {f"case_{k}": v for k, v in rep.case.__dict__.items()}
+        case_fields["case_seqlens"] = (None if rep.case.seqlens is None
+                                       else "/".join(map(str, rep.case.seqlens)))
+        for r in rep.results:
+            rows.append({**meta, **case_fields, "case": rep.case.describe(),
+                         "io_bytes": rep.case.io_bytes(), "copy_gbps": rep.copy_gbps,
+                         "baseline": rep.baseline, **r.as_dict()})
+    return rows
+
+
+def to_json(rows: Sequence[dict]) -> str:
+    return json.dumps(rows, indent=1, default=str)
+
+
+def to_csv(rows: Sequence[dict]) -> str:
+    if not rows:
+        return ""
+    buf = io.StringIO()
+    fields = list(dict.fromkeys(k for row in rows for k in row))
+    writer = csv.DictWriter(buf, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+# ---- the registry listing --------------------------------------------------------------------
+def spec_dict(spec: ImplSpec) -> dict:
+    return {
+        "name": spec.name,
+        "family": spec.family,
+        "backend": spec.backend,
+        "kind": spec.kind,
+        "styles": sorted(spec.styles),
+        "layouts": sorted(spec.layouts),
+        "dtypes": sorted(spec.dtypes),
+        "partial": spec.partial,
+        "positions": sorted(spec.positions),
+        "backward": spec.backward,
+        "tensors_per_launch": spec.tensors_per_launch,
+        "strided": spec.strided,
+        "index_bits": spec.index_bits,
+        "table_source": spec.table_source,
+        "devices": sorted(spec.devices),
+        "summary": spec.summary,
+        "upstream": spec.upstream,
+    }
+
+
+def registry_table(specs: Sequence[ImplSpec], fmt: str = "github") -> str:
+    headers = ["name", "family", "backend", "styles", "layouts", "dtypes", "partial",
+               "positions", "bwd", "tensors/launch", "index", "cos/sin from", "upstream"]
+    rows = []
+    for s in specs:
+        d = spec_dict(s)
+        rows.append([
+            d["name"], d["family"], d["backend"], " ".join(d["styles"]), " ".join(d["layouts"]),
+            " ".join(d["dtypes"]), "yes" if d["partial"] else "no", " ".join(d["positions"]),
+            "yes" if d["backward"] else "no",
+            str(d["tensors_per_launch"]) if d["tensors_per_launch"] else "eager ops",
+            f"int{d['index_bits']}", d["table_source"], d["upstream"],
+        ])
+    return tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)

@@ -1,0 +1,187 @@
+"""Validate, then time: one case against a list of implementations.
+
+For each implementation: skip it with a reason if it does not support the case; otherwise call it
+once with outputs poisoned (NaN), compare with the float64 oracle of the inputs it consumed, check
+that its inputs are unchanged, and (on a GPU, if it passed) time it. One implementation that
+raises never stops the others: its cells carry the error.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from ports import _alloc, registry
+from ports._spec import ImplSpec
+from ports.harness import env, timing
+from reference.case import RopeCase, RopeInputs, make_inputs
+from reference.expected import expected, tolerances
+
+STATUSES = ("ok", "FAIL", "unsupported", "error", "OOM")
+
+
+@dataclass
+class Result:
+    """One cell row: an implementation on a case. Numbers are ``None`` where ``reason`` says why."""
+
+    impl: str
+    family: str
+    kind: str
+    status: str                    # one of STATUSES
+    reason: str = ""               # why it is not ok / not timed
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None   # max |out - ref| / max |ref| (normwise)
+    err_over_tol: float | None = None  # max |out - ref| / tol, element-wise; <= 1 passes
+    median_us: float | None = None
+    graph_us: float | None = None
+    gbps: float | None = None
+    pct_copy: float | None = None
+    speedup: float | None = None       # baseline time / this time
+    timing_note: str = ""              # why there is no time, when status is ok
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class CaseReport:
+    case: RopeCase
+    results: list[Result]
+    copy_gbps: float | None
+    baseline: str | None
+
+    @property
+    def failed(self) -> bool:
+        return any(r.status in ("FAIL", "error") for r in self.results)
+
+
+def _short_error(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:160]
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def check_outputs(case: RopeCase, spec: ImplSpec, inputs: RopeInputs,
+                  outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor]) -> Result:
+    """Compare outputs with the oracle; NaN (an unwritten, poisoned element) always fails."""
+    tols = tolerances(case, inputs, tuple(refs), steps=spec.steps(case),
+                      angle_rel_err=spec.angle_rel_err)
+    result = Result(spec.name, spec.family, spec.kind, "ok")
+    if len(outs) != len(refs):
+        result.status, result.reason = "FAIL", f"returned {len(outs)} tensors, expected {len(refs)}"
+        return result
+    max_abs = max_rel = ratio = 0.0
+    for out, ref, tol in zip(outs, refs, tols):
+        if tuple(out.shape) != tuple(ref.shape):
+            result.status = "FAIL"
+            result.reason = f"shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+            return result
+        if out.dtype != case.torch_dtype:
+            result.status = "FAIL"
+            result.reason = f"dtype {out.dtype}, expected {case.torch_dtype}"
+            return result
+        err = (out.to(torch.float64) - ref).abs()
+        n_bad = int(torch.isnan(err).sum())
+        if n_bad:
+            result.status = "FAIL"
+            result.reason = f"{n_bad} elements NaN (unwritten or invalid)"
+            return result
+        scale = float(ref.abs().max()) if ref.numel() else 0.0
+        e = float(err.max()) if err.numel() else 0.0
+        max_abs = max(max_abs, e)
+        max_rel = max(max_rel, e / scale if scale else e)
+        ratio = max(ratio, float((err / tol).max()) if err.numel() else 0.0)
+    result.max_abs_err, result.max_rel_err, result.err_over_tol = max_abs, max_rel, ratio
+    if not ratio <= 1.0:
+        result.status = "FAIL"
+        result.reason = f"max error {max_abs:.3g} exceeds tolerance ({ratio:.3g}x)"
+    return result
+
+
+def run_case(case: RopeCase, specs: Sequence[ImplSpec], *, seed: int = 0,
+             targets: frozenset[str] | None = None, device: torch.device | None = None,
+             timing_on: bool | None = None, graph: bool = False, progress=None) -> CaseReport:
+    """Validate (and time, on a GPU) every spec on fresh inputs for ``case``."""
+    targets = env.targets() if targets is None else targets
+    device = env.device() if device is None else device
+    timing_on = (device.type == "cuda") if timing_on is None else timing_on
+    copy_gbps = timing.copy_bandwidth_gbps(device.index or 0) if timing_on else None
+    baseline = registry.baseline_for(case, targets)
+
+    try:
+        inputs = make_inputs(case, seed, device)
+    except Exception as exc:  # e.g. OOM while drawing a huge case
+        reason = ("OOM" if _is_oom(exc) else "error") + ": could not build inputs: " + _short_error(exc)
+        status = "OOM" if _is_oom(exc) else "error"
+        results = [Result(s.name, s.family, s.kind, status, reason) for s in specs]
+        return CaseReport(case, results, copy_gbps, baseline.name if baseline else None)
+
+    refs_by_source: dict[str, tuple[torch.Tensor, ...]] = {}
+    results: list[Result] = []
+    # Baseline first: its row heads the table and its time is what speed-ups divide.
+    specs = sorted(specs, key=lambda s: baseline is None or s.name != baseline.name)
+    for spec in specs:
+        if progress is not None:
+            progress.set_postfix_str(spec.name, refresh=False)
+        results.append(_run_one(case, spec, inputs, refs_by_source, targets, timing_on, graph,
+                                copy_gbps))
+        if progress is not None:
+            progress.update(1)
+    del inputs, refs_by_source
+    # Rows that ran come first (baseline on top); unsupported ones after, in registry order.
+    results.sort(key=lambda r: r.status == "unsupported")
+    _speedups(results, baseline)
+    return CaseReport(case, results, copy_gbps, baseline.name if baseline else None)
+
+
+def _run_one(case, spec, inputs, refs_by_source, targets, timing_on, graph, copy_gbps) -> Result:
+    reason = spec.unsupported_reason(case, targets)
+    if reason is not None:
+        return Result(spec.name, spec.family, spec.kind, "unsupported", reason)
+    snapshot = [x.clone() for x in inputs.xs]
+    try:
+        if spec.table_source not in refs_by_source:
+            refs_by_source[spec.table_source] = expected(case, inputs, spec.table_source)
+        refs = refs_by_source[spec.table_source]
+        fn = spec.prepare(case, inputs)
+        with _alloc.poisoned():
+            outs = fn()
+        result = check_outputs(case, spec, inputs, outs, refs)
+        del outs
+        if not all(torch.equal(x, s) for x, s in zip(inputs.xs, snapshot)):
+            result.status, result.reason = "FAIL", "modified its input (out-of-place call)"
+        if result.status == "ok":
+            if timing_on:
+                result.median_us = timing.median_us(fn)
+                if graph:
+                    result.graph_us = timing.graph_median_us(fn)
+                result.gbps = case.io_bytes() / (result.median_us * 1e-6) / 1e9
+                result.pct_copy = 100.0 * result.gbps / copy_gbps
+            else:
+                result.timing_note = "timing needs an NVIDIA GPU"
+        else:
+            result.timing_note = "not timed: failed validation"
+        return result
+    except Exception as exc:
+        status = "OOM" if _is_oom(exc) else "error"
+        return Result(spec.name, spec.family, spec.kind, status, _short_error(exc))
+    finally:
+        del snapshot
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _speedups(results: list[Result], baseline: ImplSpec | None) -> None:
+    if baseline is None:
+        return
+    base = next((r for r in results if r.impl == baseline.name), None)
+    if base is None or base.median_us is None:
+        return
+    for r in results:
+        if r.median_us is not None and r.median_us > 0 and math.isfinite(r.median_us):
+            r.speedup = base.median_us / r.median_us

@@ -1,0 +1,88 @@
+"""Named case lists: the suites ``compare.py --suite`` runs and the tests cross-validate."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from reference.case import RopeCase
+
+
+def _both_styles(case: RopeCase) -> list[RopeCase]:
+    return [case.replace(style=s) for s in ("rotate_half", "interleaved")]
+
+
+def smoke() -> list[RopeCase]:
+    """Small cases that run in seconds on a CPU: every layout, position kind and direction."""
+    c = RopeCase(2, 16, 4, 32, label="smoke")
+    return [
+        *_both_styles(c),
+        c.replace(layout="sbhd", rotary_dim=16),
+        c.replace(layout="bhsd", positions="ids", dtype="bf16"),
+        c.replace(layout="thd", seqlens=(16, 3), positions="arange"),
+        c.replace(positions="offset", dtype="fp16"),
+        c.replace(direction="backward", asymmetric=True),
+        c.replace(direction="backward", grad="broadcast", style="interleaved"),
+    ]
+
+
+def crossval() -> list[RopeCase]:
+    """Named cross-validation cases: tiny, odd sizes, strided input, long sequence, and more."""
+    cases = []
+    for case in [
+        RopeCase(1, 4, 1, 8, label="tiny"),
+        RopeCase(3, 61, 7, 92, label="odd sizes"),
+        RopeCase(2, 33, 6, 64, contiguous=False, label="strided (q of a packed qkv)"),
+        RopeCase(2, 33, 6, 64, layout="sbhd", contiguous=False, label="strided sbhd"),
+        RopeCase(1, 8192, 1, 128, label="long sequence, one head"),
+        RopeCase(2, 4096, 4, 64, layout="sbhd", label="long sequence"),
+        RopeCase(1, 1024, 1, 512, label="seed-001 shaped"),
+        RopeCase(2, 40, 4, 64, rotary_dim=32, label="partial rotary"),
+        RopeCase(3, 50, 4, 32, positions="ids", layout="bhsd", label="per-token ids"),
+        RopeCase(4, 50, 2, 32, positions="offset", label="per-sequence offset"),
+        RopeCase(4, 64, 3, 32, layout="thd", seqlens=(64, 1, 17, 30), label="thd uneven"),
+        RopeCase(2, 24, 4, 32, kv_heads=1, label="q and k, MQA"),
+    ]:
+        cases += _both_styles(case)
+    low = RopeCase(2, 128, 8, 64, label="half precision")
+    for dtype in ("fp16", "bf16"):
+        cases += _both_styles(low.replace(dtype=dtype))
+        cases += _both_styles(low.replace(dtype=dtype, cos_sin_dtype="same"))
+    back = RopeCase(2, 48, 4, 64, direction="backward", label="backward")
+    cases += _both_styles(back)
+    cases += _both_styles(back.replace(asymmetric=True))
+    cases += _both_styles(back.replace(grad="broadcast", dtype="bf16"))
+    return cases
+
+
+def seed001() -> list[RopeCase]:
+    """Seed 001's table: x[M, N] fp32, interleaved, M in {4096, 8192}, N in {512, 1024}."""
+    return [RopeCase(1, m, 1, n, style="interleaved", label=f"seed001 M={m} N={n}")
+            for m in (4096, 8192) for n in (512, 1024)]
+
+
+def decode() -> list[RopeCase]:
+    """One decode step (s = 1): the latency floor."""
+    return [RopeCase(b, 1, 32, 128, dtype="bf16", label=f"decode b={b}") for b in (1, 64)]
+
+
+def anchors() -> list[RopeCase]:
+    """The forward shapes of ANCHORS.md's first table (bshd, rotate-half, tables in x's dtype)."""
+    shapes = [((4, 4096, 32, 128), "bf16"), ((8, 4096, 64, 128), "fp16"),
+              ((2, 4096, 32, 128), "fp32"), ((1, 32768, 8, 128), "bf16"),
+              ((64, 1, 32, 128), "bf16")]
+    return [RopeCase(*shape, dtype=dtype, cos_sin_dtype="same", label="anchor")
+            for shape, dtype in shapes]
+
+
+SUITES: dict[str, Callable[[], list[RopeCase]]] = {
+    "smoke": smoke,
+    "crossval": crossval,
+    "seed001": seed001,
+    "decode": decode,
+    "anchors": anchors,
+}
+
+
+def get_suite(name: str) -> list[RopeCase]:
+    if name not in SUITES:
+        raise KeyError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
+    return SUITES[name]()

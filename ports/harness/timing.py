@@ -1,0 +1,40 @@
+"""GPU timing: CUDA events through ``triton.testing.do_bench`` (median), optionally CUDA graphs.
+
+``do_bench`` zeroes a 256 MB buffer before every repetition, so each call starts with a cold L2;
+its ``warmup`` and ``rep`` budgets are milliseconds.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+WARMUP_MS = 25
+REP_MS = 100
+COPY_BYTES = 1 << 30  # 1 GiB source: 2 GiB moved, far larger than any L2 (50 MB on H100)
+
+
+def median_us(fn, *, warmup_ms: int = WARMUP_MS, rep_ms: int = REP_MS) -> float:
+    """Median time of ``fn()`` in microseconds, CUDA-event timed after warm-up."""
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median") * 1e3
+
+
+def graph_median_us(fn, *, rep_ms: int = REP_MS) -> float:
+    """Median time per call of ``fn()`` replayed from a CUDA graph, in microseconds."""
+    from triton.testing import do_bench_cudagraph
+
+    return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e3
+
+
+@functools.lru_cache(maxsize=None)
+def copy_bandwidth_gbps(device_index: int = 0, nbytes: int = COPY_BYTES) -> float:
+    """Device-to-device copy bandwidth, GB/s counting bytes read plus bytes written."""
+    with torch.cuda.device(device_index):
+        src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+        dst = torch.empty_like(src)
+        us = median_us(lambda: dst.copy_(src))
+        del src, dst
+        torch.cuda.empty_cache()
+    return 2 * nbytes / (us * 1e-6) / 1e9
