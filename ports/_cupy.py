@@ -73,19 +73,19 @@ def check_tensor(t, name: str) -> None:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
 
 
-def check_cuda(*named: tuple[str, torch.Tensor]) -> torch.device:
-    """Every tensor is a CUDA tensor, all on one device; returns that device."""
-    device = None
+def check_cuda(*named: tuple[str, torch.Tensor]) -> int:
+    """Every tensor is a CUDA tensor, all on one device; returns that device's index."""
+    index = None
     for name, t in named:
         check_tensor(t, name)
-        if t.device.type != "cuda":
+        if not t.is_cuda:
             raise ValueError(f"{name} must be a CUDA tensor (this port launches a CuPy kernel), "
                              f"got a tensor on {t.device}")
-        if device is None:
-            device = t.device
-        elif t.device != device:
-            raise ValueError(f"{name} is on {t.device} but the other tensors are on {device}")
-    return device
+        if index is None:
+            index = t.get_device()
+        elif t.get_device() != index:
+            raise ValueError(f"{name} is on {t.device} but the other tensors are on cuda:{index}")
+    return index
 
 
 def check_dtype(t: torch.Tensor, name: str, allowed: Iterable[torch.dtype]) -> None:
@@ -191,14 +191,19 @@ class CudaModule:
         self.filename = filename
         self.kernels = tuple(kernels)
         self.options = tuple(options)
+        self._per_device: dict[int, dict] = {}
 
     @functools.cached_property
     def source(self) -> str:
         return read_source(self.package, self.filename)
 
-    def function(self, name: str, device: torch.device):
-        """The compiled kernel ``name`` on ``device`` (compiled once, then cached)."""
-        return _load(device.index, self.source, self.filename, self.options, self.kernels)[name]
+    def function(self, name: str, device_index: int):
+        """The compiled kernel ``name`` on device ``device_index`` (compiled once, then cached)."""
+        functions = self._per_device.get(device_index)
+        if functions is None:
+            functions = _load(device_index, self.source, self.filename, self.options, self.kernels)
+            self._per_device[device_index] = functions
+        return functions[name]
 
 
 @functools.lru_cache(maxsize=None)
@@ -215,21 +220,33 @@ def _load(device_index: int, source: str, filename: str, options: tuple[str, ...
         return {k: module.get_function(lowered.get(k, k)) for k in kernels}
 
 
+def _current_raw_stream(device_index: int) -> int:
+    """torch's current stream on the device, as a raw pointer (cheap; no Stream object)."""
+    try:
+        return torch._C._cuda_getCurrentRawStream(device_index)
+    except AttributeError:  # older or newer torch without the private hook
+        return torch.cuda.current_stream(device_index).cuda_stream
+
+
 @functools.lru_cache(maxsize=64)
 def _external_stream(stream_ptr: int, device_index: int):
-    return cupy().cuda.ExternalStream(stream_ptr, device_index)
+    import warnings
+
+    with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream; it is still the way
+        warnings.simplefilter("ignore", DeprecationWarning)  # to wrap a raw stream pointer
+        return cupy().cuda.ExternalStream(stream_ptr, device_index)
 
 
-def launch(module: CudaModule, name: str, device: torch.device, grid: tuple[int, ...],
+def launch(module: CudaModule, name: str, device_index: int, grid: tuple[int, ...],
            block: tuple[int, ...], args: tuple, shared_mem: int = 0) -> None:
-    """Launch ``name`` on torch's current stream of ``device``."""
-    if any(g <= 0 for g in grid):
+    """Launch ``name`` on torch's current stream of device ``device_index``."""
+    if min(grid) <= 0:
         raise ValueError(f"empty grid {grid}: callers must return early on empty inputs")
-    fn = module.function(name, device)
-    stream = _external_stream(torch.cuda.current_stream(device).cuda_stream, device.index)
-    cp = cupy()
-    if cp.cuda.runtime.getDevice() == device.index:
+    fn = module.function(name, device_index)
+    stream = _external_stream(_current_raw_stream(device_index), device_index)
+    runtime = cupy().cuda.runtime
+    if runtime.getDevice() == device_index:
         fn(grid, block, args, shared_mem=shared_mem, stream=stream)
     else:
-        with cp.cuda.Device(device.index):
+        with cupy().cuda.Device(device_index):
             fn(grid, block, args, shared_mem=shared_mem, stream=stream)

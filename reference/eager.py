@@ -128,3 +128,20 @@ class RotaryPositionalEmbeddings(nn.Module):
         )
         x_out = x_out.flatten(3)
         return x_out.type_as(x)
+
+
+# ---- LeetCUDA's torch reference (kernels/rope/rope.py, seed 001's "f32_th" row) --------------
+def leetcuda_naive_rope(x: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:
+    """x ``[seq_len, dim]``: complex pairs times a table built *on the CPU in every call* and
+    copied to x's device, as upstream's benchmark does (upstream calls ``.cuda()``; this uses
+    ``.to(x.device)`` so it also runs on the CPU)."""
+    dim = x.shape[-1]
+    seq_len = x.shape[-2]
+    x_ = x.float().reshape(*x.shape[:-1], -1, 2)
+    x_ = torch.view_as_complex(x_)
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: (dim // 2)].float() / dim))
+    t = torch.arange(seq_len, device=freqs.device)
+    freqs = torch.outer(t, freqs).float().to(x.device)
+    freqs_cis = torch.polar(torch.ones_like(freqs), freqs)
+    xq_out = torch.view_as_real(x_ * freqs_cis).flatten(1)
+    return xq_out.type_as(x)

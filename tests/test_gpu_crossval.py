@@ -20,13 +20,11 @@ def test_every_implementation_matches_the_oracle(case):
     bad = [(r.impl, r.status, r.reason) for r in report.results
            if r.status not in ("ok", "unsupported")]
     assert not bad
-    assert any(r.status == "ok" for r in report.results)
     assert all(r.reason for r in report.results if r.status == "unsupported")
 
 
-@pytest.mark.parametrize("family", ["leetcuda"])
-def test_named_cases_exercise_every_cupy_port(family):
-    """The named cases must run each CuPy port somewhere, not only mark it unsupported."""
-    specs = registry.select(only=[family])
-    ran = {s.name for s in specs for c in crossval() if s.unsupported_reason(c) is None}
-    assert ran == {s.name for s in specs}
+def test_named_cases_exercise_every_implementation():
+    """Each registered implementation runs on some named case, not only marked unsupported."""
+    never = [s.name for s in registry.REGISTRY
+             if all(s.unsupported_reason(c, s.devices) is not None for c in crossval())]
+    assert not never

@@ -19,6 +19,7 @@ HF = "huggingface/transformers:src/transformers/models/llama/modeling_llama.py (
 META = "meta-llama/llama:llama/model.py (apply_rotary_emb, complex) via seed 004"
 KERNL = "ELS-RD/kernl:experimental/llama-v2 (apply_rotary_emb_pytorch) via seed 004"
 TORCHTUNE = "pytorch/torchtune:torchtune/modules/position_embeddings.py via seed 003 §3"
+LEETCUDA_TORCH = "xlite-dev/LeetCUDA@cb6a0497:kernels/rope/rope.py (naive_rope)"
 
 EAGER_DTYPES = frozenset({"fp32", "fp16", "bf16", "fp64"})
 FP32_MATH_DTYPES = frozenset({"fp32", "fp16", "bf16"})  # they compute in x.float(): no fp64
@@ -106,6 +107,20 @@ def _prepare_torchtune(case: RopeCase, inputs: RopeInputs):
     return forward_or_backward(case, inputs, fwd)
 
 
+# ---- LeetCUDA's naive_rope (seed 001's torch row) -------------------------------------------
+def _one_sequence_one_head(case: RopeCase) -> str | None:
+    if case.batch != 1 or case.heads != 1 or case.kv_heads is not None:
+        return "one sequence of one head only (x[S, D]: b = h = 1)"
+    return None
+
+
+def _prepare_leetcuda_naive(case: RopeCase, inputs: RopeInputs):
+    shape = inputs.x.shape
+    fwd = per_tensor(lambda x: eager.leetcuda_naive_rope(x.reshape(case.seqlen, case.head_dim),
+                                                         theta=case.base).view(shape))
+    return forward_or_backward(case, inputs, fwd)
+
+
 _COMMON = dict(backend="torch", kind="baseline", tensors_per_launch=0, backward=True)
 
 SPECS = [
@@ -140,4 +155,11 @@ SPECS = [
              positions=ALL_POSITIONS, devices=frozenset({"cpu", "cuda"}),
              table_source="computed", angle_rel_err=ANGLE_REL_ERR_FP32,
              check=_torchtune_check, **_COMMON),
+    ImplSpec(name="torch.leetcuda_naive", family="eager", upstream=LEETCUDA_TORCH,
+             summary="complex form, fp32 table built on the CPU and copied in every call",
+             prepare=_prepare_leetcuda_naive, styles=frozenset({"interleaved"}),
+             layouts=frozenset({"bshd", "sbhd", "bhsd"}), dtypes=frozenset({"fp32"}),
+             partial=False, positions=frozenset({"arange"}), devices=frozenset({"cpu", "cuda"}),
+             table_source="computed", angle_rel_err=ANGLE_REL_ERR_FP32,
+             check=_one_sequence_one_head, **_COMMON),
 ]

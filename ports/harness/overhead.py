@@ -40,8 +40,8 @@ def measure() -> dict[str, float]:
     args = (xc, oc, np.int32(4), np.int32(32))
     results["bare cupy.RawKernel launch"] = _per_call_us(lambda: raw((1,), (256,), args))
 
-    fn = leetcuda.MODULE.function("rope_f32_kernel", x.device)
-    stream = _cupy._external_stream(torch.cuda.current_stream().cuda_stream, x.device.index)
+    fn = leetcuda.MODULE.function("rope_f32_kernel", x.get_device())
+    stream = _cupy._external_stream(_cupy._current_raw_stream(x.get_device()), x.get_device())
     pargs = (_cupy.ptr(x), _cupy.ptr(out), np.int32(4), np.int32(32))
     results["cached Function, torch stream, no checks"] = _per_call_us(
         lambda: fn((1,), (256,), pargs, stream=stream))

@@ -54,8 +54,8 @@ MODULE = _cupy.CudaModule(
 
 
 def _check(x: torch.Tensor, out: torch.Tensor, pack: int, one_block_per_row: bool = False
-           ) -> torch.device:
-    """Every host check upstream lacks, before any launch; returns the device to launch on."""
+           ) -> int:
+    """Every host check upstream lacks, before any launch; returns the CUDA device index."""
     for name, t in (("x", x), ("out", out)):
         _cupy.check_tensor(t, name)
         _cupy.check_dtype(t, name, (torch.float32,))
