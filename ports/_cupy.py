@@ -244,9 +244,9 @@ def launch(module: CudaModule, name: str, device_index: int, grid: tuple[int, ..
         raise ValueError(f"empty grid {grid}: callers must return early on empty inputs")
     fn = module.function(name, device_index)
     stream = _external_stream(_current_raw_stream(device_index), device_index)
-    runtime = cupy().cuda.runtime
-    if runtime.getDevice() == device_index:
+    cp = _cupy_module or cupy()
+    if cp.cuda.runtime.getDevice() == device_index:
         fn(grid, block, args, shared_mem=shared_mem, stream=stream)
-    else:
-        with cupy().cuda.Device(device_index):
+    else:  # the kernel belongs to that device's context
+        with cp.cuda.Device(device_index):
             fn(grid, block, args, shared_mem=shared_mem, stream=stream)

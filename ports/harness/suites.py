@@ -60,8 +60,10 @@ def seed001() -> list[RopeCase]:
 
 
 def decode() -> list[RopeCase]:
-    """One decode step (s = 1): the latency floor."""
-    return [RopeCase(b, 1, 32, 128, dtype="bf16", label=f"decode b={b}") for b in (1, 64)]
+    """One decode step (s = 1): the latency floor. Each sequence sits at its own position in a
+    4k context (at position 0 the rotation is the identity and would hide every error)."""
+    return [RopeCase(b, 1, 32, 128, dtype="bf16", positions="offset", max_position=4096,
+                     label=f"decode b={b}") for b in (1, 64)]
 
 
 def anchors() -> list[RopeCase]:
