@@ -91,36 +91,35 @@ def _check(x: torch.Tensor, out: torch.Tensor, pack: int, one_block_per_row: boo
     return _cupy.check_cuda(("x", x), ("out", out))
 
 
-def rope_f32(x: torch.Tensor, out: torch.Tensor) -> None:
-    """Interleaved RoPE of ``x`` [seq_len, hidden] (float32, CUDA) into ``out``; one pair per thread."""
-    device = _check(x, out, 2)
-    seq_len, n_pairs = x.shape[0], x.shape[1] // 2
+def _launch(kernel: str, x: torch.Tensor, out: torch.Tensor, pack: int,
+            one_block_per_row: bool = False) -> None:
+    """Check, then launch ``kernel`` with upstream's grid: (seq_len,) x (N,) for the block-per-row
+    kernel, else ceil(seq_len * N / 256) x 256, where N = hidden / pack."""
+    device = _check(x, out, pack, one_block_per_row)
     if x.numel() == 0:
         return
-    grid = ((seq_len * n_pairs + BLOCK_SIZE - 1) // BLOCK_SIZE,)
-    _cupy.launch(MODULE, "rope_f32_kernel", device, grid, (BLOCK_SIZE,),
-                 (_cupy.ptr(x), _cupy.ptr(out), _cupy.i32(seq_len), _cupy.i32(n_pairs)))
+    seq_len, n = x.shape[0], x.shape[1] // pack
+    if one_block_per_row:
+        grid, block = (seq_len,), (n,)
+    else:
+        grid, block = ((seq_len * n + BLOCK_SIZE - 1) // BLOCK_SIZE,), (BLOCK_SIZE,)
+    _cupy.launch(MODULE, kernel, device, grid, block,
+                 (_cupy.ptr(x), _cupy.ptr(out), _cupy.i32(seq_len), _cupy.i32(n)))
+
+
+def rope_f32(x: torch.Tensor, out: torch.Tensor) -> None:
+    """Interleaved RoPE of ``x`` [seq_len, hidden] (float32, CUDA) into ``out``; one pair per thread."""
+    _launch("rope_f32_kernel", x, out, 2)
 
 
 def rope_f32_v2(x: torch.Tensor, out: torch.Tensor) -> None:
     """As :func:`rope_f32` with one block per token and one thread per pair (hidden <= 2048)."""
-    device = _check(x, out, 2, one_block_per_row=True)
-    seq_len, n_pairs = x.shape[0], x.shape[1] // 2
-    if x.numel() == 0:
-        return
-    _cupy.launch(MODULE, "rope_f32_v2_kernel", device, (seq_len,), (n_pairs,),
-                 (_cupy.ptr(x), _cupy.ptr(out), _cupy.i32(seq_len), _cupy.i32(n_pairs)))
+    _launch("rope_f32_v2_kernel", x, out, 2, one_block_per_row=True)
 
 
 def rope_f32x4_pack(x: torch.Tensor, out: torch.Tensor) -> None:
     """As :func:`rope_f32` with two pairs per thread through float4 loads (hidden % 4 == 0)."""
-    device = _check(x, out, 4)
-    seq_len, n_quads = x.shape[0], x.shape[1] // 4
-    if x.numel() == 0:
-        return
-    grid = ((seq_len * n_quads + BLOCK_SIZE - 1) // BLOCK_SIZE,)
-    _cupy.launch(MODULE, "rope_f32x4_pack_kernel", device, grid, (BLOCK_SIZE,),
-                 (_cupy.ptr(x), _cupy.ptr(out), _cupy.i32(seq_len), _cupy.i32(n_quads)))
+    _launch("rope_f32x4_pack_kernel", x, out, 4)
 
 
 __all__ = ["rope_f32", "rope_f32_v2", "rope_f32x4_pack", "MODULE"]
