@@ -155,7 +155,7 @@ class FusedRoPEBatchReuse(torch.autograd.Function):
 
 def apply_rotary_pos_emb_triton(t: torch.Tensor, freqs: torch.Tensor,
                                 tensor_format: str = "sbhd") -> torch.Tensor:
-    """RoPE of ``t`` (``sbhd``/``bshd``) with TE's fp32 ``freqs [s, 1, 1, d]`` (full rotary only)."""
+    """RoPE of ``t`` (sbhd or bshd) with TE's fp32 ``freqs [s, 1, 1, d]`` (full rotary only)."""
     return FusedRoPEBatchReuse.apply(t, freqs, tensor_format)
 
 
