@@ -1,0 +1,63 @@
+"""Host-side helpers the Triton ports share: checks before launch, a device guard, a compile count.
+
+Triton kernels run on CUDA tensors, or on CPU tensors under ``TRITON_INTERPRET=1`` (Triton reads
+the variable when a kernel is *defined*, so it must be set before the port is imported; the tests'
+``conftest.py`` and ``compare.py`` do so on machines without a GPU).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def check_dtype(t: torch.Tensor, name: str, allowed=FLOATS) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in allowed:
+        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
+        raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; expected {names}")
+
+
+def check_rank(t: torch.Tensor, name: str, rank: int, dims: str) -> None:
+    if t.dim() != rank:
+        raise ValueError(f"{name} must be {rank}-D [{dims}], got shape {tuple(t.shape)}")
+
+
+def check_device(*named: tuple[str, torch.Tensor]) -> torch.device:
+    """All tensors on one device: CUDA, or CPU under the Triton interpreter. Returns the device."""
+    devices = {t.device for _, t in named}
+    if len(devices) != 1:
+        where = ", ".join(f"{n} on {t.device}" for n, t in named)
+        raise ValueError(f"tensors must share one device: {where}")
+    device = devices.pop()
+    if device.type == "cuda":
+        return device
+    if device.type == "cpu" and interpreting():
+        return device
+    raise ValueError(f"Triton kernels need CUDA tensors (or CPU tensors under TRITON_INTERPRET=1 "
+                     f"set before import); got {device}")
+
+
+def device_guard(device: torch.device):
+    """Launch on the tensors' GPU, not the current one (no-op for the interpreter)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def compiled_count(kernel) -> int:
+    """How many specialisations of a ``@triton.jit`` kernel have been compiled (all devices).
+
+    flash-attn's ``test_compilation_count`` idea: a shape change that should be dynamic must not
+    add one. (Interpreted kernels have no cache: returns 0.)
+    """
+    caches = getattr(kernel, "device_caches", None)
+    if caches is None:
+        return 0
+    return sum(len(entry[0]) for entry in caches.values())

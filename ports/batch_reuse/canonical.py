@@ -1,0 +1,32 @@
+"""Registry entry for seed 002's batch-reuse Triton kernel.
+
+TE's fp32 ``freqs`` is built from the case's angles in ``prepare``; the wrapper turns it into fp32
+cos/sin tables (torch's fp32 cos/sin of the fp32 angles: within an fp32 rounding of the
+``angles32`` oracle). Table building stays inside the timed call, as in the original's wrapper.
+"""
+from __future__ import annotations
+
+from ports._prepare import forward_or_backward, per_tensor
+from ports._spec import ImplSpec
+from ports.te_triton.canonical import te_freqs
+from reference.case import RopeCase, RopeInputs
+
+
+def _prepare(case: RopeCase, inputs: RopeInputs):
+    from ports import batch_reuse
+
+    freqs = te_freqs(inputs)
+    fmt = case.layout
+    fwd = per_tensor(lambda x: batch_reuse.apply_rotary_pos_emb_triton(x, freqs, fmt))
+    return forward_or_backward(case, inputs, fwd)
+
+
+SPECS = [
+    ImplSpec(name="triton.batch_reuse_seed002", family="batch_reuse", backend="triton",
+             upstream="seed 002: batch-reuse Triton RoPE (TE-tested)",
+             summary="grid (s, h), cos/sin loaded once, static_range over batch (constexpr)",
+             prepare=_prepare, styles=frozenset({"rotate_half"}),
+             layouts=frozenset({"sbhd", "bshd"}), dtypes=frozenset({"fp32", "fp16", "bf16"}),
+             partial=False, positions=frozenset({"arange"}), backward=True,
+             devices=frozenset({"cuda", "interpret"}), table_source="angles32"),
+]

@@ -1,0 +1,147 @@
+"""kernl's ``rbe_triton`` (seed 004): interleaved RoPE with frequencies computed in the kernel.
+
+Upstream: seed document 004 (kernl blog "Deep Dive into Kernel Fusion: Accelerating Inference in
+Llama V2") and its project code ``ELS-RD/kernl@da9db806:experimental/llama-v2/kernel/
+fused_kernel_proj_qkv.py`` (``rbe_triton``, ``get_freq_multi_tokens``, ``rbe_triton_wrapper``).
+An independent re-implementation of that design, not a copy.
+
+Design kept:
+
+* ``x`` is ``[batch, M, K]``: M tokens, ``K = heads * head_dim`` channels flattened (Llama's
+  projection output before ``.view(batch, M, heads, head_dim)``); three strides each for x and out.
+* Grid ``(batch, cdiv(M, BLOCK_SIZE_M) * cdiv(K, BLOCK_SIZE_K))``; a program rotates a tile of
+  ``BLOCK_SIZE_M`` tokens by ``BLOCK_SIZE_K`` channels, loading even (real) and odd (imag)
+  channels separately with masks ``n < K`` and ``n + 1 < K``. Defaults as upstream's wrapper:
+  ``BLOCK_SIZE_M=2``, ``BLOCK_SIZE_K=1024``.
+* Frequencies on the fly, fp32: ``f = THETA ** ((n % head_dim) / head_dim)`` for the even channel
+  ``n``; angle ``= position / f`` with positions ``start_token_position + m`` (``THETA`` a
+  ``tl.constexpr``, ``start_token_position`` and M, K runtime ints: a new sequence length does not
+  recompile). Interleaved convention: ``out_real = r cos - i sin``, ``out_imag = r sin + i cos``.
+* Out of place; forward only (upstream has no backward: it is an inference kernel).
+
+Departures:
+
+* ``head_dim`` is a ``tl.constexpr`` argument (``HEAD_DIM``); upstream hard-codes ``DIM = 128``
+  in ``get_freq_multi_tokens`` ("in model, dim = params.dim // n_heads").
+* ``THETA ** e``: libdevice ``pow`` (what ``tl.math.pow`` lowered to in 2023 Triton) on a GPU; the
+  Triton interpreter has no libdevice, so there ``exp2(e * log2(THETA))`` (``LIBDEVICE_POW`` is a
+  constexpr flag set by the wrapper).
+* Program ids and token offsets are int64 before pointer arithmetic (PEERS #1, #2).
+* The ``tl.debug_barrier()`` calls are dropped from the standalone kernel (out of place, nothing
+  is re-read); the fused kernel keeps its barrier, which its in-place epilogue needs.
+* Host checks before launch (``TypeError`` dtypes, ``ValueError`` shapes/devices/sizes), an
+  optional caller-provided ``out`` (any strides), a device guard; upstream only asserted.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from ports import _alloc, _triton
+
+UPSTREAM = "ELS-RD/kernl@da9db806:experimental/llama-v2/kernel/fused_kernel_proj_qkv.py"
+
+
+@triton.jit
+def get_freq_multi_tokens(offs_cn, starting_idx, THETA: tl.constexpr, LOG2_THETA: tl.constexpr,
+                          HEAD_DIM: tl.constexpr, NB_TOKENS: tl.constexpr,
+                          LIBDEVICE_POW: tl.constexpr):
+    """cos/sin ``[NB_TOKENS, len(offs_cn)]`` for even channels ``offs_cn`` of tokens from
+    ``starting_idx``: angle = pos / THETA ** ((n % HEAD_DIM) / HEAD_DIM), in fp32."""
+    expo = (offs_cn % HEAD_DIM).to(tl.float32) / HEAD_DIM
+    if LIBDEVICE_POW:
+        freqs = libdevice.pow(tl.full(expo.shape, THETA, tl.float32), expo)
+    else:
+        freqs = tl.exp2(expo * LOG2_THETA)
+    pos = (tl.arange(0, NB_TOKENS) + starting_idx).to(tl.float32)
+    angle = pos[:, None] / freqs[None, :]
+    return tl.cos(angle), tl.sin(angle)
+
+
+@triton.jit
+def rbe_triton(x_ptr, out_ptr,
+               M, K,
+               stride_x_batch, stride_x_m, stride_x_n,
+               stride_out_batch, stride_out_m, stride_out_n,
+               start_token_position,
+               THETA: tl.constexpr, LOG2_THETA: tl.constexpr, HEAD_DIM: tl.constexpr,
+               BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+               LIBDEVICE_POW: tl.constexpr):
+    pid_batch = tl.program_id(axis=0).to(tl.int64)
+    pid = tl.program_id(axis=1)
+    n_blocks_k = tl.cdiv(K, BLOCK_SIZE_K)
+    pid_m = (pid // n_blocks_k).to(tl.int64)
+    pid_n = pid % n_blocks_k
+
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = pid_n * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K // 2) * 2  # even channels
+    real_mask = (offs_m[:, None] < M) & (offs_n[None, :] < K)
+    imag_mask = (offs_m[:, None] < M) & (offs_n[None, :] + 1 < K)
+
+    x_ptrs = x_ptr + (pid_batch * stride_x_batch + offs_m[:, None] * stride_x_m
+                      + offs_n[None, :] * stride_x_n)
+    real = tl.load(x_ptrs, mask=real_mask, other=0.0).to(tl.float32)
+    imag = tl.load(x_ptrs + stride_x_n, mask=imag_mask, other=0.0).to(tl.float32)
+
+    start_block = start_token_position + pid_m * BLOCK_SIZE_M
+    cos, sin = get_freq_multi_tokens(offs_n, start_block, THETA, LOG2_THETA, HEAD_DIM,
+                                     BLOCK_SIZE_M, LIBDEVICE_POW)
+    out_real = real * cos - imag * sin
+    out_imag = real * sin + imag * cos
+
+    out_ptrs = out_ptr + (pid_batch * stride_out_batch + offs_m[:, None] * stride_out_m
+                          + offs_n[None, :] * stride_out_n)
+    tl.store(out_ptrs, out_real.to(out_ptr.dtype.element_ty), mask=real_mask)
+    tl.store(out_ptrs + stride_out_n, out_imag.to(out_ptr.dtype.element_ty), mask=imag_mask)
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def rbe_triton_wrapper(x: torch.Tensor, pos: int, *, head_dim: int = 128,
+                       theta: float = 10000.0, out: torch.Tensor | None = None,
+                       block_size_m: int = 2, block_size_k: int = 1024) -> torch.Tensor:
+    """Interleaved RoPE of ``x [batch, M, heads * head_dim]`` for tokens at ``pos, pos+1, ...``.
+
+    Returns ``out`` (a new contiguous tensor unless one is given).
+    """
+    _triton.check_dtype(x, "x")
+    _triton.check_rank(x, "x", 3, "batch, M, heads * head_dim")
+    if isinstance(pos, bool) or not isinstance(pos, int) or pos < 0:
+        raise ValueError(f"pos (start_token_position) must be a non-negative int, got {pos!r}")
+    if not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
+        raise ValueError(f"head_dim must be a positive even int, got {head_dim!r}")
+    batch, M, K = x.shape
+    if K % head_dim:
+        raise ValueError(f"x's last dim {K} is not a multiple of head_dim {head_dim}")
+    if not (_is_pow2(block_size_m) and _is_pow2(block_size_k) and block_size_k >= 2):
+        raise ValueError(f"block sizes must be powers of two (BLOCK_SIZE_K >= 2), got "
+                         f"{block_size_m}, {block_size_k}")
+    if not (theta > 0 and math.isfinite(theta)):
+        raise ValueError(f"theta must be positive and finite, got {theta!r}")
+    if pos + M > 2**24:
+        raise ValueError(f"positions up to {pos + M} are not exact in fp32 (limit 2^24)")
+    if out is None:
+        out = _alloc.empty(x.shape, dtype=x.dtype, device=x.device)
+    else:
+        _triton.check_dtype(out, "out", (x.dtype,))
+        if out.shape != x.shape:
+            raise ValueError(f"out has shape {tuple(out.shape)}, x has {tuple(x.shape)}")
+    device = _triton.check_device(("x", x), ("out", out))
+    if x.numel() == 0:
+        return out
+    grid = (batch, triton.cdiv(M, block_size_m) * triton.cdiv(K, block_size_k))
+    with _triton.device_guard(device):
+        rbe_triton[grid](x, out, M, K, *x.stride(), *out.stride(), pos,
+                         THETA=float(theta), LOG2_THETA=math.log2(theta), HEAD_DIM=head_dim,
+                         BLOCK_SIZE_M=block_size_m, BLOCK_SIZE_K=block_size_k,
+                         LIBDEVICE_POW=device.type == "cuda" and not _triton.interpreting())
+    return out
+
+
+__all__ = ["rbe_triton", "rbe_triton_wrapper", "get_freq_multi_tokens", "UPSTREAM"]

@@ -1,0 +1,39 @@
+"""Registry entry for seed 000's TE-style Triton kernel, called with TE's ``freqs`` from the case.
+
+``freqs`` is TE's ``[s, 1, 1, R]`` fp32 angle tensor (``cat(a, a)`` of the case's angles rounded
+to fp32), built in ``prepare`` outside the timed call; the kernel computes cos/sin from it, so the
+oracle is the ``angles32`` source. Positions are TE's ``freqs[:s]``: ``arange`` only.
+"""
+from __future__ import annotations
+
+import torch
+
+from ports._prepare import forward_or_backward, per_tensor
+from ports._spec import ImplSpec
+from reference.case import RopeCase, RopeInputs
+
+
+def te_freqs(inputs: RopeInputs) -> torch.Tensor:
+    """TE's ``freqs``: fp32 ``[L, 1, 1, R]`` with equal halves."""
+    a = inputs.angles.to(torch.float32)
+    return torch.cat([a, a], dim=-1)[:, None, None, :].contiguous()
+
+
+def _prepare(case: RopeCase, inputs: RopeInputs):
+    from ports import te_triton
+
+    freqs = te_freqs(inputs)
+    fmt = case.layout
+    fwd = per_tensor(lambda x: te_triton.apply_rotary_pos_emb_triton(x, freqs, fmt))
+    return forward_or_backward(case, inputs, fwd)
+
+
+SPECS = [
+    ImplSpec(name="triton.te_seed000", family="te_triton", backend="triton",
+             upstream="seed 000: TE-style rope_triton.py (apply_rotary_pos_emb_triton)",
+             summary="program per (s,b,h) row, cos/sin from fp32 freqs in-kernel, autograd",
+             prepare=_prepare, styles=frozenset({"rotate_half"}),
+             layouts=frozenset({"sbhd", "bshd"}), dtypes=frozenset({"fp32", "fp16", "bf16"}),
+             partial=True, positions=frozenset({"arange"}), backward=True,
+             devices=frozenset({"cuda", "interpret"}), table_source="angles32"),
+]
