@@ -18,8 +18,9 @@ from reference.case import RopeCase
 def _load() -> tuple[ImplSpec, ...]:
     from ports.eager import canonical as eager
     from ports.leetcuda import canonical as leetcuda
+    from ports.paddle import canonical as paddle
 
-    specs = (*eager.SPECS, *leetcuda.SPECS)
+    specs = (*eager.SPECS, *leetcuda.SPECS, *paddle.SPECS)
     names = [s.name for s in specs]
     duplicates = {n for n in names if names.count(n) > 1}
     if duplicates:
