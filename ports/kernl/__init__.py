@@ -99,6 +99,9 @@ def rbe_triton(x_ptr, out_ptr,
     tl.store(out_ptrs + stride_out_n, out_imag.to(out_ptr.dtype.element_ty), mask=imag_mask)
 
 
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y
+
+
 def _is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -136,6 +139,10 @@ def rbe_triton_wrapper(x: torch.Tensor, pos: int, *, head_dim: int = 128,
     if x.numel() == 0:
         return out
     grid = (batch, triton.cdiv(M, block_size_m) * triton.cdiv(K, block_size_k))
+    if grid[1] > MAX_GRID_Y:
+        raise NotImplementedError(
+            f"kernl's rbe_triton puts its {grid[1]} (token, channel) tiles on grid axis 1, which "
+            f"CUDA limits to {MAX_GRID_Y}; refused (a larger BLOCK_SIZE_M/K lowers the count)")
     with _triton.device_guard(device):
         rbe_triton[grid](x, out, M, K, *x.stride(), *out.stride(), pos,
                          THETA=float(theta), LOG2_THETA=math.log2(theta), HEAD_DIM=head_dim,

@@ -23,11 +23,17 @@ from reference.case import RopeCase, RopeInputs
 KERNL_ANGLE_REL_ERR = 2e-6
 
 
+BLOCK_SIZE_M, BLOCK_SIZE_K = 2, 1024  # rbe_triton_wrapper's defaults, which _prepare uses
+
+
 def _check(case: RopeCase) -> str | None:
     if case.base > 1e5:
         return "angle tolerance derived for base <= 1e5 (exponent rounding grows with ln base)"
     if case.table_rows + case.seqlen > 2**24:
         return "positions beyond 2^24 are not exact in fp32"
+    tiles = -(-case.seqlen // BLOCK_SIZE_M) * -(-case.heads * case.head_dim // BLOCK_SIZE_K)
+    if tiles > 65535:
+        return f"{tiles} tiles exceed CUDA's grid-y limit (65535) in kernl's 2-D grid"
     return None
 
 
