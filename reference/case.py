@@ -72,6 +72,8 @@ class RopeCase:
         element's own sine instead of its partner's). Real RoPE tables are symmetric.
     kv_heads
         If set, the case also has a k tensor with this many heads (GQA/MQA).
+    with_v
+        Also rotate a v tensor (kv_heads heads), as Paddle's q/k/v-in-one-launch API can.
     grad
         Backward only: ``random`` dy, or ``broadcast`` (the zero-stride dy of ``out.sum() * 2``).
     """
@@ -93,6 +95,7 @@ class RopeCase:
     max_position: int | None = None
     asymmetric: bool = False
     kv_heads: int | None = None
+    with_v: bool = False
     grad: str = "random"
     label: str = field(default="", compare=False)
 
@@ -122,6 +125,8 @@ class RopeCase:
             raise ValueError("seqlens only applies to the thd layout")
         if self.kv_heads is not None and self.kv_heads < 1:
             raise ValueError(f"kv_heads must be positive, got {self.kv_heads}")
+        if self.with_v and self.kv_heads is None:
+            raise ValueError("with_v needs kv_heads (v has the kv head count)")
         if self.max_position is not None and self.max_position < self.min_table_rows:
             raise ValueError(f"max_position {self.max_position} is below the {self.min_table_rows} "
                              "rows these positions need")
@@ -146,8 +151,11 @@ class RopeCase:
 
     @property
     def head_counts(self) -> tuple[int, ...]:
-        """Heads of each tensor the case rotates: (q,) or (q, k)."""
-        return (self.heads,) if self.kv_heads is None else (self.heads, self.kv_heads)
+        """Heads of each tensor the case rotates: (q,), (q, k) or (q, k, v)."""
+        if self.kv_heads is None:
+            return (self.heads,)
+        return (self.heads, self.kv_heads, self.kv_heads) if self.with_v else (self.heads,
+                                                                               self.kv_heads)
 
     def shape(self, heads: int | None = None) -> tuple[int, ...]:
         h = self.heads if heads is None else heads
@@ -194,7 +202,7 @@ class RopeCase:
         if self.positions != "arange":
             extras.append(f"pos={self.positions}")
         if self.kv_heads is not None:
-            extras.append(f"kv_heads={self.kv_heads}")
+            extras.append(f"{'k,v' if self.with_v else 'k'}: {self.kv_heads} heads")
         if not self.contiguous:
             extras.append("strided")
         if self.asymmetric:

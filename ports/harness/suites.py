@@ -75,12 +75,37 @@ def anchors() -> list[RopeCase]:
             for shape, dtype in shapes]
 
 
+PREFILL_SHAPES = ((1, 4096, 32, 128), (4, 4096, 32, 128), (8, 4096, 64, 128), (1, 32768, 8, 128))
+
+
+def prefill() -> list[RopeCase]:
+    """Prefill: bshd and sbhd, four (b, s, h, d) shapes, fp16/bf16/fp32, rotate-half, tables in
+    x's dtype (what ANCHORS.md measured; the ports that read tables as T need it)."""
+    return [RopeCase(*shape, layout=layout, dtype=dtype, cos_sin_dtype="same",
+                     label=f"prefill {layout}")
+            for layout in ("bshd", "sbhd") for shape in PREFILL_SHAPES
+            for dtype in ("fp16", "bf16", "fp32")]
+
+
+def qkv() -> list[RopeCase]:
+    """q, k and v rotated by one fused launch or by one launch each (Paddle V1's design point),
+    on a prefill shape and a decode step; bf16, tables in x's dtype."""
+    return [
+        RopeCase(4, 4096, 32, 128, dtype="bf16", cos_sin_dtype="same", kv_heads=32, with_v=True,
+                 label="qkv prefill"),
+        RopeCase(64, 1, 32, 128, dtype="bf16", cos_sin_dtype="same", kv_heads=32, with_v=True,
+                 positions="offset", max_position=4096, label="qkv decode"),
+    ]
+
+
 SUITES: dict[str, Callable[[], list[RopeCase]]] = {
     "smoke": smoke,
     "crossval": crossval,
     "seed001": seed001,
     "decode": decode,
     "anchors": anchors,
+    "prefill": prefill,
+    "qkv": qkv,
 }
 
 
