@@ -98,6 +98,50 @@ def qkv() -> list[RopeCase]:
     ]
 
 
+STUDY_SHAPE = (4, 4096, 32, 128)  # the middle prefill shape, used by the single-axis suites
+
+
+def partial() -> list[RopeCase]:
+    """Partial rotary: R = d/2 and d/4 (the tail passes through), bshd and sbhd, bf16."""
+    return [RopeCase(*STUDY_SHAPE, layout=layout, dtype="bf16", cos_sin_dtype="same",
+                     rotary_dim=128 // div, label=f"partial R=d/{div}")
+            for layout in ("bshd", "sbhd") for div in (2, 4)]
+
+
+def interleaved() -> list[RopeCase]:
+    """The interleaved (GPT-J) convention on the prefill shapes, bshd, bf16 and fp32."""
+    return [RopeCase(*shape, style="interleaved", dtype=dtype, cos_sin_dtype="same",
+                     label="interleaved")
+            for shape in PREFILL_SHAPES[1:3] for dtype in ("bf16", "fp32")]
+
+
+def positions() -> list[RopeCase]:
+    """Random per-token position ids (a different row per sequence) and per-sequence offsets."""
+    return [RopeCase(*STUDY_SHAPE, dtype="bf16", cos_sin_dtype="same", positions=kind,
+                     max_position=32768, label=f"positions {kind}")
+            for kind in ("ids", "offset")]
+
+
+def varlen() -> list[RopeCase]:
+    """thd: packed sequences of uneven lengths (one of length 1)."""
+    lengths = (4096, 1, 977, 2048, 3001, 64, 4096, 1500)
+    return [RopeCase(len(lengths), max(lengths), 32, 128, layout="thd", seqlens=lengths,
+                     dtype=dtype, cos_sin_dtype="same", label="varlen")
+            for dtype in ("bf16", "fp32")]
+
+
+def gqa() -> list[RopeCase]:
+    """q with 32 heads and k with fewer (GQA 8, MQA 1), rotated together."""
+    return [RopeCase(*STUDY_SHAPE, dtype="bf16", cos_sin_dtype="same", kv_heads=kv,
+                     label=f"gqa kv={kv}") for kv in (8, 1)]
+
+
+def long() -> list[RopeCase]:
+    """Just over 2^31 elements (bf16, 4.3 GB per tensor): a port works or refuses cleanly."""
+    return [RopeCase(1, 16385, 1024, 128, dtype="bf16", cos_sin_dtype="same",
+                     label="long: 2^31 + 2^17 elements")]
+
+
 SUITES: dict[str, Callable[[], list[RopeCase]]] = {
     "smoke": smoke,
     "crossval": crossval,
@@ -106,6 +150,12 @@ SUITES: dict[str, Callable[[], list[RopeCase]]] = {
     "anchors": anchors,
     "prefill": prefill,
     "qkv": qkv,
+    "partial": partial,
+    "interleaved": interleaved,
+    "positions": positions,
+    "varlen": varlen,
+    "gqa": gqa,
+    "long": long,
 }
 
 
