@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write results (or, with --list, the registry) as JSON; no PATH: stdout")
     out.add_argument("--csv", nargs="?", const="-", metavar="PATH", help="write results as CSV")
     out.add_argument("--graph", action="store_true", help="also time CUDA-graph replays")
+    out.add_argument("--plot", metavar="PATH", help="write a plot (PNG): GB/s against tokens, or "
+                     "with --accuracy error against position")
+    out.add_argument("--accuracy", action="store_true",
+                     help="max error against the float64 ideal by position bucket (up to 128k)")
     out.add_argument("--keep-going", action="store_true",
                      help="run every case even after one fails (exit status still 1)")
     out.add_argument("--no-progress", action="store_true")
@@ -130,6 +134,26 @@ def _emit(text: str, path: str) -> None:
         print(f"wrote {path}", file=sys.stderr)
 
 
+def _accuracy(args, specs, env) -> int:
+    from ports.harness import accuracy
+
+    targets = env.targets()
+    if not env.has_gpu():
+        # The Triton interpreter would take hours over 128k positions: references only.
+        targets = frozenset({"cpu"})
+        print("No CUDA GPU found: measuring accuracy of what runs on the CPU (the eager "
+              "references). The CuPy and Triton ports need an NVIDIA GPU.\n")
+    dtypes = args.dtype if args.dtype != ["fp32"] else ["fp32", "bf16", "fp16"]
+    rows = accuracy.measure(specs, dtypes=dtypes, targets=targets, device=env.device(),
+                            seed=args.seed)
+    print(f"## max |out - float64 ideal| by position (b=1, h=1, d=128, positions 0..{accuracy.MAX_POSITION - 1})")
+    print(accuracy.table(rows))
+    if args.plot:
+        accuracy.plot(rows, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -157,6 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from ports.harness.overhead import main as overhead_main
 
         return overhead_main()
+
+    if args.accuracy:
+        return _accuracy(args, specs, env)
 
     try:
         cases = cases_from_args(args)
@@ -190,6 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     break
     finally:
         bar.close()
+    if args.plot:
+        report.plot_bandwidth(reports, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
     if args.json or args.csv:
         rows = report.flat_rows(reports, env.metadata())
         if args.json:

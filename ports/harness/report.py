@@ -135,3 +135,41 @@ def registry_table(specs: Sequence[ImplSpec], fmt: str = "github") -> str:
             f"int{d['index_bits']}", d["table_source"], d["upstream"],
         ])
     return tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)
+
+
+def plot_bandwidth(reports: Sequence[CaseReport], path: str) -> None:
+    """GB/s against sequence length, one line per implementation, one panel per
+    (layout, dtype, direction), with the measured copy bandwidth as the roofline."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels: dict[tuple, list[CaseReport]] = {}
+    for rep in reports:
+        c = rep.case
+        panels.setdefault((c.layout, c.dtype, c.direction, c.style), []).append(rep)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (key, reps) in zip(axes[0], panels.items()):
+        lines: dict[str, list[tuple[float, float]]] = {}
+        for rep in reps:
+            for r in rep.results:
+                if r.gbps is not None:
+                    lines.setdefault(r.impl, []).append((rep.case.tokens, r.gbps))
+        for impl, points in lines.items():
+            points.sort()
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3,
+                    label=impl, linewidth=1)
+        copies = [rep.copy_gbps for rep in reps if rep.copy_gbps]
+        if copies:
+            ax.axhline(max(copies), color="black", linestyle="--", linewidth=1,
+                       label="copy bandwidth (roofline)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("tokens (b x s)")
+        ax.set_ylabel("GB/s (read + write of rotated tensors)")
+        ax.set_title(" ".join(key))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

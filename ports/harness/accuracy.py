@@ -1,0 +1,126 @@
+"""Accuracy by position: each implementation's max error against the *ideal* float64 RoPE,
+bucketed by token position up to 128k.
+
+Unlike validation (which compares each design with the oracle of the inputs it consumed), this
+measures what a user gets: a table rounded to fp32 or to x's dtype, fp32 angles, half-precision
+angles and fast-math sin/cos all show up here as error growing with position.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ports import _alloc
+from ports._spec import ImplSpec
+from reference.case import RopeCase, make_inputs
+from reference.expected import expected
+
+BUCKETS = (0, 1024, 4096, 16384, 32768, 65536, 131072)
+MAX_POSITION = BUCKETS[-1]
+
+
+@dataclass
+class AccuracyRow:
+    impl: str
+    dtype: str
+    source: str           # where its cos/sin come from
+    bucket_errors: list   # max abs error per bucket (None: not run) or a reason string
+    per_token: torch.Tensor | None = None  # max abs error per position (for plots)
+
+
+def bucket_labels() -> list[str]:
+    def k(n):
+        return f"{n // 1024}k" if n >= 1024 else str(n)
+    return [f"[{k(a)}, {k(b)})" for a, b in zip(BUCKETS[:-1], BUCKETS[1:])]
+
+
+def _source_label(spec: ImplSpec, case: RopeCase) -> str:
+    if spec.table_source == "tables":
+        return f"table given ({str(case.table_dtype).replace('torch.', '')})"
+    if spec.table_source == "angles32":
+        return "angles given (fp32)"
+    if spec.angle_rel_err > 1e-5:
+        return "computed (half-precision angle)"
+    return "computed in kernel" if spec.backend != "torch" else "computed (fp32 table)"
+
+
+def measure(specs: Sequence[ImplSpec], *, dtypes: Sequence[str] = ("fp32", "bf16", "fp16"),
+            targets, device, head_dim: int = 128, seed: int = 0) -> list[AccuracyRow]:
+    """One row per (implementation, dtype, table dtype it was given)."""
+    rows: list[AccuracyRow] = []
+    for spec in specs:
+        for dtype in dtypes:
+            table_dtypes = ("fp32",) if dtype == "fp32" else ("fp32", "same")
+            if spec.table_source != "tables":
+                table_dtypes = ("fp32",)
+            for table_dtype in table_dtypes:
+                rows.append(_one(spec, dtype, table_dtype, targets, device, head_dim, seed))
+    return rows
+
+
+def _one(spec, dtype, table_dtype, targets, device, head_dim, seed) -> AccuracyRow:
+    style = "rotate_half" if "rotate_half" in spec.styles else "interleaved"
+    case = RopeCase(1, MAX_POSITION, 1, head_dim, dtype=dtype, style=style,
+                    cos_sin_dtype=table_dtype, label="accuracy")
+    reason = spec.unsupported_reason(case, targets)
+    source = _source_label(spec, case)
+    if reason is not None:
+        return AccuracyRow(spec.name, dtype, source, [f"unsupported: {reason}"])
+    try:
+        inputs = make_inputs(case, seed, device)
+        with _alloc.poisoned():
+            (out,) = spec.prepare(case, inputs)()
+        (ideal,) = expected(case, inputs, "computed")
+        err = (out.to(torch.float64) - ideal).abs().reshape(MAX_POSITION, -1).amax(dim=1)
+    except Exception as exc:  # one implementation must not stop the others
+        return AccuracyRow(spec.name, dtype, source, [f"error: {type(exc).__name__}: {exc}"[:120]])
+    buckets = [float(err[a:b].max()) for a, b in zip(BUCKETS[:-1], BUCKETS[1:])]
+    return AccuracyRow(spec.name, dtype, source, buckets, err.cpu())
+
+
+def table(rows: Sequence[AccuracyRow], fmt: str = "github") -> str:
+    from tabulate import tabulate
+
+    headers = ["implementation", "dtype", "cos/sin from", *bucket_labels()]
+    body = []
+    for r in rows:
+        if r.bucket_errors and isinstance(r.bucket_errors[0], str):
+            cells = [r.bucket_errors[0]] + ["-"] * (len(BUCKETS) - 2)
+        else:
+            cells = [f"{e:.1e}" for e in r.bucket_errors]
+        body.append([r.impl, r.dtype, r.source, *cells])
+    return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
+
+
+def plot(rows: Sequence[AccuracyRow], path: str) -> None:
+    """Max error against position (log-log), one panel per dtype."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dtypes = list(dict.fromkeys(r.dtype for r in rows))
+    fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.5), squeeze=False)
+    edges = torch.logspace(0, 17, 69, base=2).long().unique()
+    for ax, dtype in zip(axes[0], dtypes):
+        for r in rows:
+            if r.dtype != dtype or r.per_token is None:
+                continue
+            mids, vals = [], []
+            for a, b in zip(edges[:-1].tolist(), edges[1:].tolist()):
+                if a < len(r.per_token):
+                    mids.append((a * b) ** 0.5)
+                    vals.append(float(r.per_token[a:b].max()))
+            ax.plot(mids, vals, label=f"{r.impl} [{r.source}]", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("token position")
+        ax.set_ylabel("max |out - float64 ideal|")
+        ax.set_title(dtype)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][-1].legend(fontsize=6, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
