@@ -67,6 +67,11 @@ class ImplSpec:
     angle_rel_err: float = 0.0
     check: Callable[[RopeCase], str | None] | None = None
     baseline: bool = False  # the eager-torch baseline for its style (speed-up column)
+    # Design notes (compare.py --design): how the original is launched and computes.
+    launch: str = ""        # grid x block, what one program/block covers
+    per_thread: str = ""    # elements one thread handles per iteration
+    access: str = ""        # load/store width
+    math: str = ""          # arithmetic precision and where cos/sin come from
 
     def unsupported_reason(self, case: RopeCase, targets: str | Iterable[str] = "cuda"
                            ) -> str | None:

@@ -158,3 +158,31 @@ def test_compare_py_runs_as_a_script():
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "torch.hf_rotate_half" in proc.stdout
+
+
+def test_design_table_lists_every_implementation(capsys, tmp_path):
+    rows = [{"impl": "torch.hf_rotate_half", "pct_copy": 10.0},
+            {"impl": "torch.hf_rotate_half", "pct_copy": 12.0}]
+    path = tmp_path / "prefill.json"
+    path.write_text(json.dumps(rows))
+    code, out, _ = run(capsys, "--design", str(path))
+    assert code == 0
+    for name in registry.NAMES:
+        assert name in out
+    hf_line = next(line for line in out.splitlines() if "| torch.hf_rotate_half " in line)
+    assert hf_line.rstrip(" |").endswith("11")  # median of 10 and 12
+    assert "not measured" in out
+
+
+def test_accuracy_on_cpu_says_what_it_needs(capsys, monkeypatch, tmp_path):
+    from ports.harness import accuracy
+
+    monkeypatch.setattr(accuracy, "MAX_POSITION", 2048)
+    monkeypatch.setattr(accuracy, "BUCKETS", (0, 1024, 2048))
+    code, out, _ = run(capsys, "--accuracy", "--only", "torch.hf_rotate_half", "torch.llama_real",
+                       "--dtype", "fp32", "bf16", "--plot", str(tmp_path / "acc.png"))
+    assert code == 0
+    if not __import__("torch").cuda.is_available():
+        assert "The CuPy and Triton ports need an NVIDIA GPU" in out
+    assert "| torch.llama_real" in out and "computed (fp32 table)" in out
+    assert (tmp_path / "acc.png").stat().st_size > 0

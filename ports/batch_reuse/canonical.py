@@ -22,7 +22,10 @@ def _prepare(case: RopeCase, inputs: RopeInputs):
 
 
 SPECS = [
-    ImplSpec(name="triton.batch_reuse_seed002", family="batch_reuse", backend="triton",
+    ImplSpec(name="triton.batch_reuse_seed002",
+             launch='program per (s, h), loop over batch (constexpr)',
+             per_thread='Triton: b x d/2 pairs per program', access='Triton-vectorized',
+             math='fp32, cos/sin loaded once per (s, h)', family="batch_reuse", backend="triton",
              upstream="seed 002: batch-reuse Triton RoPE (TE-tested)",
              summary="grid (s, h), cos/sin loaded once, static_range over batch (constexpr)",
              prepare=_prepare, styles=frozenset({"rotate_half"}),

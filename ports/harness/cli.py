@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--only", nargs="+", metavar="NAME", help="names or families to run")
     which.add_argument("--skip", nargs="+", metavar="NAME", help="names or families to leave out")
     which.add_argument("--list", action="store_true", help="print the registry and exit")
+    which.add_argument("--design", nargs="?", const="", metavar="RESULTS_JSON",
+                       help="print the design-notes table; with a --json results file of the "
+                            "prefill suite, add each implementation's median %% of copy")
     out = p.add_argument_group("output")
     out.add_argument("--json", nargs="?", const="-", metavar="PATH",
                      help="write results (or, with --list, the registry) as JSON; no PATH: stdout")
@@ -176,6 +179,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             _emit(report.to_json([report.spec_dict(s) for s in specs]), args.json)
         else:
             print(report.registry_table(specs))
+        return 0
+    if args.design is not None:
+        pct = None
+        if args.design:
+            import json
+
+            with open(args.design) as f:
+                pct = report.prefill_pct_copy(json.load(f))
+        print(report.design_table(specs, pct))
         return 0
     if args.overhead:
         from ports.harness.overhead import main as overhead_main

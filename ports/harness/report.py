@@ -173,3 +173,29 @@ def plot_bandwidth(reports: Sequence[CaseReport], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def design_table(specs: Sequence[ImplSpec], pct_copy: dict[str, float] | None = None,
+                 fmt: str = "github") -> str:
+    """Design notes per implementation, from the registry (so they cannot drift from the code),
+    with the median % of copy bandwidth over the prefill suite where results are given."""
+    headers = ["implementation", "launch", "work per thread", "loads/stores", "math, cos/sin",
+               "index", "prefill % copy"]
+    rows = []
+    for s in specs:
+        pct = (pct_copy or {}).get(s.name)
+        rows.append([s.name, s.launch or "-", s.per_thread or "-", s.access or "-",
+                     s.math or s.table_source, f"int{s.index_bits}",
+                     "not measured" if pct is None else f"{pct:.0f}"])
+    return tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)
+
+
+def prefill_pct_copy(rows: Sequence[dict]) -> dict[str, float]:
+    """Median % of copy bandwidth per implementation over result rows (e.g. a prefill JSON)."""
+    import statistics
+
+    by_impl: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("pct_copy") is not None:
+            by_impl.setdefault(r["impl"], []).append(float(r["pct_copy"]))
+    return {k: statistics.median(v) for k, v in by_impl.items()}

@@ -61,7 +61,10 @@ def _prepare(case: RopeCase, inputs: RopeInputs):
 
 
 SPECS = [
-    ImplSpec(name="triton.kernl_rbe", family="kernl", backend="triton",
+    ImplSpec(name="triton.kernl_rbe",
+             launch='grid (batch, tiles of 2 tokens x 1024 channels)', per_thread='Triton tile',
+             access='Triton-vectorized (even/odd strided)',
+             math='fp32 pow/sin/cos per element from THETA', family="kernl", backend="triton",
              upstream="ELS-RD/kernl@da9db806:experimental/llama-v2/kernel/"
                       "fused_kernel_proj_qkv.py (rbe_triton) via seed 004",
              summary="tiles of BLOCK_M tokens x BLOCK_K channels, angles from THETA in-kernel",

@@ -55,11 +55,20 @@ def _specs():
         table_source="computed", angle_rel_err=ANGLE_REL_ERR_FAST_MATH,
     )
     return [
-        ImplSpec(name="leetcuda.rope_f32", summary="1 pair/thread, 256-thread 1-D grid, fast-math",
+        ImplSpec(name="leetcuda.rope_f32",
+                 launch='1-D, 256 threads, ceil(S*D/2/256) blocks', per_thread='1 pair',
+                 access='2 x 4 B scalar', math='fp32, fast-math powf/sinf/cosf per pair',
+                 summary="1 pair/thread, 256-thread 1-D grid, fast-math",
                  prepare=_prepare(leetcuda.rope_f32), check=_one_head_of_one_sequence, **common),
-        ImplSpec(name="leetcuda.rope_f32_v2", summary="block per token, thread per pair",
+        ImplSpec(name="leetcuda.rope_f32_v2",
+                 launch='block per token, D/2 threads', per_thread='1 pair',
+                 access='2 x 4 B scalar', math='fp32, fast-math powf/sinf/cosf per pair',
+                 summary="block per token, thread per pair",
                  prepare=_prepare(leetcuda.rope_f32_v2), check=_v2_check, **common),
-        ImplSpec(name="leetcuda.rope_f32x4_pack", summary="2 pairs/thread via float4",
+        ImplSpec(name="leetcuda.rope_f32x4_pack",
+                 launch='1-D, 256 threads, ceil(S*D/4/256) blocks', per_thread='2 pairs',
+                 access='16 B float4', math='fp32, fast-math powf/sinf/cosf per pair',
+                 summary="2 pairs/thread via float4",
                  prepare=_prepare(leetcuda.rope_f32x4_pack), check=_x4_check, **common),
     ]
 

@@ -29,7 +29,10 @@ def _prepare(case: RopeCase, inputs: RopeInputs):
 
 
 SPECS = [
-    ImplSpec(name="triton.te_seed000", family="te_triton", backend="triton",
+    ImplSpec(name="triton.te_seed000",
+             launch='program per (s, b, h) row', per_thread='Triton: d/2 pairs per program',
+             access='Triton-vectorized (two half-row loads)',
+             math='fp32, sin/cos of fp32 freqs in kernel', family="te_triton", backend="triton",
              upstream="seed 000: TE-style rope_triton.py (apply_rotary_pos_emb_triton)",
              summary="program per (s,b,h) row, cos/sin from fp32 freqs in-kernel, autograd",
              prepare=_prepare, styles=frozenset({"rotate_half"}),
