@@ -151,4 +151,12 @@ def rbe_triton_wrapper(x: torch.Tensor, pos: int, *, head_dim: int = 128,
     return out
 
 
-__all__ = ["rbe_triton", "rbe_triton_wrapper", "get_freq_multi_tokens", "UPSTREAM"]
+# The fused kernel calls rbe_triton in its epilogue: import it after rbe_triton is defined.
+from ports.kernl.fused import (  # noqa: E402
+    rms_matmul_rbe, rms_matmul_rbe_qkv, rms_matmul_rbe_qkv_wrapper, rms_matmul_rbe_wrapper,
+    rmsnorm_triton, rmsnorm_triton_wrapper,
+)
+
+__all__ = ["rbe_triton", "rbe_triton_wrapper", "get_freq_multi_tokens", "UPSTREAM",
+           "rmsnorm_triton", "rmsnorm_triton_wrapper", "rms_matmul_rbe", "rms_matmul_rbe_wrapper",
+           "rms_matmul_rbe_qkv", "rms_matmul_rbe_qkv_wrapper"]
