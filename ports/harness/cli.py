@@ -24,6 +24,9 @@ CPU_NOTE = ("No CUDA GPU found: cross-validating what runs on the CPU (the eager
             "ports need an NVIDIA GPU.")
 
 
+PIPELINE_SUITE = "seed004"  # not RoPE cases: kernl's fused projection (ports.harness.pipeline)
+
+
 def parse_shape(text: str) -> tuple[int, int, int, int]:
     """``"4x4096x32x128"`` -> four positive ints (in the layout's own order)."""
     parts = text.lower().replace("×", "x").split("x")
@@ -66,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--shape", type=parse_shape, action="append", metavar="AxBxCxD",
                       help="shape in the layout's order, e.g. 4x4096x32x128 with --layout bshd "
                            "(repeatable); thd takes b x s x h x d (b sequences of <= s tokens)")
-    what.add_argument("--suite", action="append", choices=sorted(SUITES),
-                      help="a named set of cases (repeatable): " + ", ".join(SUITES))
+    what.add_argument("--suite", action="append", choices=sorted([*SUITES, PIPELINE_SUITE]),
+                      help="a named set of cases (repeatable): " + ", ".join(SUITES)
+                      + f"; {PIPELINE_SUITE} runs seed 004's RMSNorm/matmul/RoPE experiments")
     what.add_argument("--layout", choices=LAYOUTS, default="bshd")
     what.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["fp32"])
     what.add_argument("--style", nargs="+", choices=STYLES, default=["rotate_half"],
@@ -197,6 +201,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.accuracy:
         return _accuracy(args, specs, env)
 
+    pipeline_status = None
+    if args.suite and PIPELINE_SUITE in args.suite:
+        from ports.harness.pipeline import main_pipeline
+
+        args.suite = [s for s in args.suite if s != PIPELINE_SUITE]
+        pipeline_status = main_pipeline(["--seed", str(args.seed)])
+        if not args.suite and not args.shape:
+            return pipeline_status
     try:
         cases = cases_from_args(args)
     except ValueError as exc:
@@ -238,4 +250,4 @@ def main(argv: Sequence[str] | None = None) -> int:
             _emit(report.to_json(rows), args.json)
         if args.csv:
             _emit(report.to_csv(rows), args.csv)
-    return 1 if failed else 0
+    return 1 if failed or pipeline_status else 0

@@ -159,6 +159,15 @@ SUITES: dict[str, Callable[[], list[RopeCase]]] = {
 }
 
 
+def _seed_suites() -> dict[str, Callable[[], list[RopeCase]]]:
+    from ports.harness.seed_suites import SEED_SUITES
+
+    return SEED_SUITES
+
+
+SUITES.update(_seed_suites())
+
+
 def get_suite(name: str) -> list[RopeCase]:
     if name not in SUITES:
         raise KeyError(f"unknown suite {name!r}; known: {', '.join(SUITES)}")
