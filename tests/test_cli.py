@@ -186,3 +186,12 @@ def test_accuracy_on_cpu_says_what_it_needs(capsys, monkeypatch, tmp_path):
         assert "The CuPy and Triton ports need an NVIDIA GPU" in out
     assert "| torch.llama_real" in out and "computed (fp32 table)" in out
     assert (tmp_path / "acc.png").stat().st_size > 0
+
+
+def test_claims_without_gpu_list_what_they_need(capsys):
+    if __import__("torch").cuda.is_available():
+        pytest.skip("on a GPU --claims runs the experiments (covered by the GPU suite script)")
+    code, out, _ = run(capsys, "--claims")
+    assert code == 0 and "needs an NVIDIA GPU" in out
+    for seed in ("000", "001", "002", "004"):
+        assert f"| {seed} " in out

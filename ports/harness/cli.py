@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--graph", action="store_true", help="also time CUDA-graph replays")
     out.add_argument("--plot", metavar="PATH", help="write a plot (PNG): GB/s against tokens, or "
                      "with --accuracy error against position")
+    out.add_argument("--claims", action="store_true",
+                     help="measure every quantitative claim of the seeds (needs a GPU)")
     out.add_argument("--accuracy", action="store_true",
                      help="max error against the float64 ideal by position bucket (up to 128k)")
     out.add_argument("--keep-going", action="store_true",
@@ -200,6 +202,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.accuracy:
         return _accuracy(args, specs, env)
+    if args.claims:
+        from ports.harness import claims
+
+        if not env.has_gpu():
+            rows = claims.unmeasured("needs an NVIDIA GPU: the claims are timings")
+            print("No CUDA GPU found: --claims times kernels and needs an NVIDIA GPU. "
+                  "The claims it would measure:\n")
+        else:
+            rows = claims.measure()
+        print(claims.table(rows, env.metadata()["gpu"]))
+        return 0
 
     pipeline_status = None
     if args.suite and PIPELINE_SUITE in args.suite:
