@@ -228,13 +228,25 @@ def _current_raw_stream(device_index: int) -> int:
         return torch.cuda.current_stream(device_index).cuda_stream
 
 
-@functools.lru_cache(maxsize=64)
-def _external_stream(stream_ptr: int, device_index: int):
-    import warnings
+_streams: dict[tuple[int, int], object] = {}
 
-    with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream; it is still the way
-        warnings.simplefilter("ignore", DeprecationWarning)  # to wrap a raw stream pointer
-        return cupy().cuda.ExternalStream(stream_ptr, device_index)
+
+def _external_stream(stream_ptr: int, device_index: int):
+    """A CuPy view of a raw stream pointer (cached: creating one costs microseconds)."""
+    key = (stream_ptr, device_index)
+    stream = _streams.get(key)
+    if stream is None:
+        import warnings
+
+        with warnings.catch_warnings():  # CuPy 14 deprecates ExternalStream; it is still the
+            warnings.simplefilter("ignore", DeprecationWarning)  # way to wrap a raw pointer
+            stream = _streams[key] = cupy().cuda.ExternalStream(stream_ptr, device_index)
+    return stream
+
+
+@functools.lru_cache(maxsize=1)
+def _single_device() -> bool:
+    return torch.cuda.device_count() == 1
 
 
 def launch(module: CudaModule, name: str, device_index: int, grid: tuple[int, ...],
@@ -245,7 +257,7 @@ def launch(module: CudaModule, name: str, device_index: int, grid: tuple[int, ..
     fn = module.function(name, device_index)
     stream = _external_stream(_current_raw_stream(device_index), device_index)
     cp = _cupy_module or cupy()
-    if cp.cuda.runtime.getDevice() == device_index:
+    if _single_device() or cp.cuda.runtime.getDevice() == device_index:
         fn(grid, block, args, shared_mem=shared_mem, stream=stream)
     else:  # the kernel belongs to that device's context
         with cp.cuda.Device(device_index):

@@ -39,6 +39,7 @@ Departures from upstream (each a safety addition; the math is unchanged):
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ports import _cupy
@@ -103,8 +104,9 @@ def _launch(kernel: str, x: torch.Tensor, out: torch.Tensor, pack: int,
         grid, block = (seq_len,), (n,)
     else:
         grid, block = ((seq_len * n + BLOCK_SIZE - 1) // BLOCK_SIZE,), (BLOCK_SIZE,)
+    # seq_len and n fit in int32: _check refused seq_len * hidden > 2^31 - 1.
     _cupy.launch(MODULE, kernel, device, grid, block,
-                 (_cupy.ptr(x), _cupy.ptr(out), _cupy.i32(seq_len), _cupy.i32(n)))
+                 (_cupy.ptr(x), _cupy.ptr(out), np.int32(seq_len), np.int32(n)))
 
 
 def rope_f32(x: torch.Tensor, out: torch.Tensor) -> None:
