@@ -70,7 +70,7 @@ def check_outputs(case: RopeCase, spec: ImplSpec, inputs: RopeInputs,
                   outs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor]) -> Result:
     """Compare outputs with the oracle; NaN (an unwritten, poisoned element) always fails."""
     tols = tolerances(case, inputs, tuple(refs), steps=spec.steps(case),
-                      angle_rel_err=spec.angle_rel_err)
+                      angle_rel_err=spec.angle_err(case))
     result = Result(spec.name, spec.family, spec.kind, "ok")
     if len(outs) != len(refs):
         result.status, result.reason = "FAIL", f"returned {len(outs)} tensors, expected {len(refs)}"
