@@ -7,7 +7,7 @@ the timed call.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -38,8 +38,9 @@ class ImplSpec:
     ``TRITON_INTERPRET=1``, on CPU tensors). ``index_bits`` is the width of the original's
     offsets: 32-bit designs refuse cases whose largest offset does not fit. ``table_source`` names
     where the rotation comes from (:mod:`reference.expected`), ``tolerance_steps`` and
-    ``angle_rel_err`` set its tolerance (:mod:`reference.tolerances`). ``check`` adds
-    design-specific limits as a reason string (or ``None``).
+    ``angle_rel_err`` set its tolerance (:mod:`reference.tolerances`); ``angle_rel_err`` may map
+    dtype names to values, for designs whose angle precision follows the storage dtype. ``check``
+    adds design-specific limits as a reason string (or ``None``).
     """
 
     name: str
@@ -64,7 +65,7 @@ class ImplSpec:
     index_bits: int = 64
     max_kv_heads_differ: bool = True  # may q and k have different head counts?
     tolerance_steps: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_STEPS))
-    angle_rel_err: float = 0.0
+    angle_rel_err: float | Mapping[str, float] = 0.0
     check: Callable[[RopeCase], str | None] | None = None
     baseline: bool = False  # the eager-torch baseline for its style (speed-up column)
     # Design notes (compare.py --design): how the original is launched and computes.
@@ -113,3 +114,9 @@ class ImplSpec:
 
     def steps(self, case: RopeCase) -> float:
         return self.tolerance_steps[case.dtype]
+
+    def angle_err(self, case: RopeCase) -> float:
+        """The relative angle error for ``case``: ``angle_rel_err``, or its entry for the dtype."""
+        if isinstance(self.angle_rel_err, Mapping):
+            return self.angle_rel_err[case.dtype]
+        return self.angle_rel_err

@@ -20,10 +20,11 @@ def _load() -> tuple[ImplSpec, ...]:
     from ports.eager import canonical as eager
     from ports.kernl import canonical as kernl
     from ports.leetcuda import canonical as leetcuda
+    from ports.oneflow import canonical as oneflow
     from ports.paddle import canonical as paddle
     from ports.te_triton import canonical as te_triton
 
-    specs = (*eager.SPECS, *leetcuda.SPECS, *paddle.SPECS, *te_triton.SPECS,
+    specs = (*eager.SPECS, *leetcuda.SPECS, *paddle.SPECS, *oneflow.SPECS, *te_triton.SPECS,
              *batch_reuse.SPECS, *kernl.SPECS)
     names = [s.name for s in specs]
     duplicates = {n for n in names if names.count(n) > 1}

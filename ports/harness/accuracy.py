@@ -41,8 +41,8 @@ def _source_label(spec: ImplSpec, case: RopeCase) -> str:
         return f"table given ({str(case.table_dtype).replace('torch.', '')})"
     if spec.table_source == "angles32":
         return "angles given (fp32)"
-    if spec.angle_rel_err > 1e-5:
-        return "computed (half-precision angle)"
+    if spec.angle_err(case) > 1e-4:
+        return "computed (angle in x's dtype)"
     return "computed in kernel" if spec.backend != "torch" else "computed (fp32 table)"
 
 

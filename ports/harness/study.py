@@ -110,7 +110,7 @@ def check_outputs(case: RopeCase, spec: ImplSpec, inputs: RopeInputs,
         sub = slice_tokens(case, inputs, start, stop)
         refs = expected(case, sub, spec.table_source)
         tols = tolerances(case, sub, refs, steps=spec.steps(case),
-                          angle_rel_err=spec.angle_rel_err)
+                          angle_rel_err=spec.angle_err(case))
         for out, ref, tol in zip(outs, refs, tols):
             err = (out.narrow(axis, start, stop - start).to(torch.float64) - ref).abs()
             n_bad = int(torch.isnan(err).sum())
