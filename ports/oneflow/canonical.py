@@ -143,33 +143,44 @@ _COMMON = dict(
     family="oneflow", backend="cupy", upstream=UPSTREAM, layouts=frozenset(X_LAYOUT),
     dtypes=frozenset({"fp32", "fp16", "bf16"}), partial=True, positions=ALL_POSITIONS,
     backward=False, tensors_per_launch=1, strided=False, index_bits=64,
-    tolerance_steps=ONEFLOW_STEPS,
+    tolerance_steps=ONEFLOW_STEPS, launch="1-D grid-stride, 128 threads/block",
 )
+# Design notes (compare.py --design).
+_PLANE_DESIGN = dict(per_thread="1 element (+ its partner)", access="scalar dtype loads")
+_INTERVAL_DESIGN = dict(per_thread="pack of 8 (16-bit) / 4 (fp32) elements",
+                        access="16 B packs")
+_DIV = "; int div/mod per element (int32 < 2^30 elements, else int64)"
 _PLANE, _INTERVAL = frozenset({"rotate_half"}), frozenset({"interleaved"})
 _FP32_ANGLE = {d: ANGLE_REL_ERR_FP32 for d in ("fp32", "fp16", "bf16")}
 
 SPECS = [
     ImplSpec(name="oneflow.plane", summary="PlaneKernel: 1 elem/thread, given cos/sin in x's dtype",
              prepare=_prepare_tables, styles=_PLANE, asymmetric_tables=True,
-             check=_tables_check, **_COMMON),
+             check=_tables_check, math="x's dtype, given table" + _DIV, **_PLANE_DESIGN,
+             **_COMMON),
     ImplSpec(name="oneflow.interval",
              summary="IntervalKernel: pack of 2-8 elems/thread, given cos/sin in x's dtype",
              prepare=_prepare_tables, styles=_INTERVAL, asymmetric_tables=True,
-             check=_tables_check, **_COMMON),
+             check=_tables_check, math="x's dtype, given table" + _DIV, **_INTERVAL_DESIGN,
+             **_COMMON),
     ImplSpec(name="oneflow.plane_computed",
              summary="PlaneKernel, angles from base rounded to x's dtype (faithful)",
              prepare=_prepare_computed(False), styles=_PLANE, table_source="computed",
-             angle_rel_err=ANGLE_REL_ERR_FAITHFUL, check=_faithful_check, **_COMMON),
+             angle_rel_err=ANGLE_REL_ERR_FAITHFUL, check=_faithful_check,
+             math="angle and math in x's dtype" + _DIV, **_PLANE_DESIGN, **_COMMON),
     ImplSpec(name="oneflow.interval_computed",
              summary="IntervalKernel, angles from base rounded to x's dtype (faithful)",
              prepare=_prepare_computed(False), styles=_INTERVAL, table_source="computed",
-             angle_rel_err=ANGLE_REL_ERR_FAITHFUL, check=_faithful_check, **_COMMON),
+             angle_rel_err=ANGLE_REL_ERR_FAITHFUL, check=_faithful_check,
+             math="angle and math in x's dtype" + _DIV, **_INTERVAL_DESIGN, **_COMMON),
     ImplSpec(name="oneflow.plane_fp32_angle", kind="extension",
              summary="PlaneKernel, angles from base kept in fp32 (not upstream)",
              prepare=_prepare_computed(True), styles=_PLANE, table_source="computed",
-             angle_rel_err=_FP32_ANGLE, check=_computed_check, **_COMMON),
+             angle_rel_err=_FP32_ANGLE, check=_computed_check,
+             math="fp32 angle, math in x's dtype" + _DIV, **_PLANE_DESIGN, **_COMMON),
     ImplSpec(name="oneflow.interval_fp32_angle", kind="extension",
              summary="IntervalKernel, angles from base kept in fp32 (not upstream)",
              prepare=_prepare_computed(True), styles=_INTERVAL, table_source="computed",
-             angle_rel_err=_FP32_ANGLE, check=_computed_check, **_COMMON),
+             angle_rel_err=_FP32_ANGLE, check=_computed_check,
+             math="fp32 angle, math in x's dtype" + _DIV, **_INTERVAL_DESIGN, **_COMMON),
 ]
