@@ -75,12 +75,22 @@ def anchors() -> list[RopeCase]:
             for shape, dtype in shapes]
 
 
+def apex() -> list[RopeCase]:
+    """The shapes of ANCHORS.md's "apex's original fused RoPE" table (sbhd, s x b x h x d)."""
+    shapes = [((4096, 4, 32, 128), "bf16", None), ((4096, 8, 64, 128), "fp16", None),
+              ((4096, 2, 32, 128), "fp32", None), ((32768, 1, 8, 128), "bf16", None),
+              ((4096, 4, 32, 128), "bf16", 64), ((1, 64, 32, 128), "bf16", None)]
+    return [RopeCase(b, s, h, d, layout="sbhd", dtype=dtype, rotary_dim=rot, label="apex anchor")
+            for (s, b, h, d), dtype, rot in shapes]
+
+
 SUITES: dict[str, Callable[[], list[RopeCase]]] = {
     "smoke": smoke,
     "crossval": crossval,
     "seed001": seed001,
     "decode": decode,
     "anchors": anchors,
+    "apex": apex,
 }
 
 
