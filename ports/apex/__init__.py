@@ -45,22 +45,29 @@ shared memory; torch's current stream; no ``--use_fast_math`` (apex's ``setup.py
 Precision. Arithmetic happens in the storage type, as in the original: for fp16 / bf16 that is
 c10's ``Half`` / ``BFloat16``, where cos/sin are first rounded to the dtype, and each ``*`` and
 ``+`` computes in fp32 and rounds back (RNE): ``y = T(T(x*T(c)) + T(rot*T(s)))``. The kernel
-emulates those types exactly, so fp16 / bf16 results are **bit-identical** to apex's compiled
-kernel given the same cos/sin (tests/test_gpu_apex.py checks them bitwise against a torch
-emulation of the rounding). The freqs paths' ``sincosf`` / ``cosf`` / ``sinf`` are libdevice's
-accurate routines in both builds. For fp32, ``x*c + rot*s`` is one float expression that NVRTC,
-like nvcc (``--fmad=true``), contracts to an FMA; which product is fused is the compiler's choice,
-so fp32 results are expected, not proven, to match nvcc's build to the bit (not verified against
-a compiled apex here).
+emulates those types exactly (no float expression spans two operators, so no compiler can fuse
+them), so fp16 / bf16 results are bit-identical to apex's compiled kernel given the same cos/sin;
+tests/test_gpu_apex.py checks them bitwise against a torch emulation of that rounding, and that
+the check can tell it from fp32 math with one rounding. The freqs paths' ``sincosf`` / ``cosf`` /
+``sinf`` are libdevice's accurate routines in both builds. For fp32, ``x*c + rot*s`` is one float
+expression that NVRTC, like nvcc (``--fmad=true``), contracts to an FMA; which product is fused is
+the compiler's choice. Checked once by hand (not in the suite, since apex's source is not in this
+repository): apex's header compiled as a torch extension with nvcc 13.0 and apex's flags, on an
+H100, against this port through NVRTC 13.0: all 576 configurations compared (fp32 / fp16 / bf16;
+freqs and cached with fp32 and same-dtype tables whose halves differ; forward and backward;
+d2 = d and d2 < d; h < 16 and h >= 16; contiguous and (0,1)/(2,3)-transposed input; both
+``transpose_output_memory`` values) were bit-identical, fp32 included. Other compiler versions
+may contract fp32 differently.
 
 TransformerEngine. TE's early fused RoPE (``transformer_engine/common/fused_rope/fused_rope.cu``,
-2023, TE 1.1-1.3) is this kernel: same launch shape, loops, int32 strided indexing and storage-type
-arithmetic (sbhd freqs path only). TE PR #645 ("Fused rope compute in fp32", merged 2024-01-31,
-released in TE 1.4) changed its arithmetic to fp32 with one rounding at the store, keeping the
-design. Seed 002 used ``transformer-engine==1.5.0.dev0+a38b291`` and seed 000 TE's ``stable``
-branch with torch 2.2 (early 2024), so their "CUDA" baseline is this design with fp32 math, not
-apex's op-by-op rounding: the same times, different fp16/bf16 low bits. (Seed 000's exact TE
-version is not stated; that it postdates PR #645 is inferred, unverified.)
+2023) is this kernel: the same launch shape, loops, int32 strided indexing and storage-type
+arithmetic (sbhd freqs path only; no cached, thd or 2-D there at first). TE PR #645 ("Fused rope
+compute in fp32", merged 2024-01-31, labelled 1.4.0) changed its arithmetic to fp32 with one
+rounding at the store and kept the design (a 2024 version with thd has the same kernels computing
+in ``float``). Seed 002 used ``transformer-engine==1.5.0.dev0+a38b291`` and seed 000 TE's
+``stable`` branch with torch 2.2 (early 2024), so their "CUDA" baseline has this design with fp32
+math, not apex's op-by-op rounding: the same memory traffic and launch, different fp16/bf16 low
+bits. That seed 000's TE already had PR #645 is inferred from the date, not verified.
 
 Departures from the original, each a host-side addition (the kernels' math and launch are
 apex's):
@@ -140,7 +147,8 @@ def fused_apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor,
     >>> inv = 1.0 / 10000 ** (torch.arange(0, d, 2, device="cuda") / d)  # doctest: +SKIP
     >>> ang = torch.outer(torch.arange(s, device="cuda"), inv)           # doctest: +SKIP
     >>> freqs = torch.cat([ang, ang], -1).float().view(s, 1, 1, d)      # doctest: +SKIP
-    >>> y = fused_apply_rotary_pos_emb(torch.randn(s, b, h, d, device="cuda"), freqs)  # doctest: +SKIP
+    >>> x = torch.randn(s, b, h, d, device="cuda")                     # doctest: +SKIP
+    >>> y = fused_apply_rotary_pos_emb(x, freqs)                         # doctest: +SKIP
     """
     return FusedRoPEFunc.apply(t, freqs, transpose_output_memory)
 

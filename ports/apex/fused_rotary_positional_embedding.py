@@ -13,6 +13,7 @@ values), then the device, last.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ports import _alloc, _cupy
@@ -47,7 +48,7 @@ def _kernel_names() -> tuple[str, ...]:
 MODULE = _cupy.CudaModule("ports.apex", "rope.cu", kernels=_kernel_names(), options=())
 
 
-# ---- checks -------------------------------------------------------------------------------------
+# ---- checks --------------------------------------------------------------------------------------
 def _scalar_name(dtype: torch.dtype) -> str:
     """ATen's toString(ScalarType), as the original's messages print it."""
     names = {torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16",
@@ -55,9 +56,12 @@ def _scalar_name(dtype: torch.dtype) -> str:
     return names.get(dtype, str(dtype).replace("torch.", ""))
 
 
-def _require(ok: bool, message: str, exc: type[Exception] = ValueError) -> None:
+def _require(ok: bool, message, exc: type[Exception] = ValueError) -> None:
+    """Raise ``exc(message())`` unless ``ok``; the message is built only on failure (the checks
+    run on every call, and formatting shapes costs host time). ``message`` is called at once, so
+    a lambda written inside a loop sees that iteration's variables."""
     if not ok:
-        raise exc(message)
+        raise exc(message())
 
 
 def _check_tensors(**named) -> None:
@@ -68,14 +72,14 @@ def _check_tensors(**named) -> None:
 def _check_input_dtype(t: torch.Tensor, name: str, op: str) -> None:
     # DISPATCH_FLOAT_HALF_AND_BFLOAT (type_shim.h): "<op> not implemented for '<type>'".
     _require(t.dtype in INPUT_DTYPES,
-             f"{op} not implemented for '{_scalar_name(t.dtype)}' ({name} must be float32, "
+             lambda: f"{op} not implemented for '{_scalar_name(t.dtype)}' ({name} must be float32, "
              "float16 or bfloat16)", TypeError)
 
 
 def _check_table_pair(t: torch.Tensor, table: torch.Tensor, op: str) -> None:
     # DISPATCH_FUSED_ROPE_TYPES: "<op> not supported for '<T1>' with '<T2>'".
     _require((t.dtype, table.dtype) in TABLE_PAIRS,
-             f"{op} not supported for '{_scalar_name(t.dtype)}' with "
+             lambda: f"{op} not supported for '{_scalar_name(t.dtype)}' with "
              f"'{_scalar_name(table.dtype)}' (cos/sin must be float32 or the input's dtype)",
              TypeError)
 
@@ -89,8 +93,8 @@ def _check_dense(**tables) -> None:
 def _check_even(width: int, what: str, multiple: int = 2) -> None:
     # Added: an odd rotated width pairs elements wrongly (the original does not check).
     _require(width % multiple == 0,
-             f"{what} must be a multiple of {multiple} (rotate-half pairs j with j + width/2), "
-             f"got {width}")
+             lambda: f"{what} must be a multiple of {multiple} (rotate-half pairs j with "
+             f"j + width/2), got {width}")
 
 
 def _check_int32(out_numel: int, **tensors) -> None:
@@ -103,7 +107,8 @@ def _check_int32(out_numel: int, **tensors) -> None:
 
 def _check_grid(value: int, what: str) -> None:
     _require(value <= MAX_GRID_YZ,
-             f"{what} = {value} exceeds the grid's y/z limit {MAX_GRID_YZ} (one block per token)",
+             lambda: f"{what} = {value} exceeds the grid's y/z limit {MAX_GRID_YZ} (one block "
+             "per token)",
              NotImplementedError)
 
 
@@ -122,27 +127,29 @@ def _block(h: int) -> tuple[int, int]:
 
 
 def _i32s(values) -> tuple:
-    return tuple(_cupy.i32(v) for v in values)
+    # Every value is a size or a stride of a checked tensor: _check_int32 has bounded them all by
+    # 2^31 - 1 already, so plain np.int32 (no per-value range check) is safe here.
+    return tuple(map(np.int32, values))
 
 
-# ---- sbhd: freqs (fp32 angles) ------------------------------------------------------------------
+# ---- sbhd: freqs (fp32 angles) -------------------------------------------------------------------
 def _check_freqs_sbhd(t: torch.Tensor, freqs: torch.Tensor, name: str, op: str) -> None:
     _check_tensors(**{name: t, "freqs": freqs})
-    _require(t.dim() == 4, f"expected 4D tensor: {name} must be [s, b, h, d], got shape "
+    _require(t.dim() == 4, lambda: f"expected 4D tensor: {name} must be [s, b, h, d], got shape "
                            f"{tuple(t.shape)}")
-    _require(freqs.dim() == 4, f"expected 4D tensor: freqs must be [s, 1, 1, d2], got shape "
-                               f"{tuple(freqs.shape)}")
+    _require(freqs.dim() == 4, lambda: f"expected 4D tensor: freqs must be [s, 1, 1, d2], got "
+                               f"shape {tuple(freqs.shape)}")
     _require(t.size(0) == freqs.size(0),
-             f"expected {name} and freqs tensor have the same sequence length "
+             lambda: f"expected {name} and freqs tensor have the same sequence length "
              f"({t.size(0)} vs {freqs.size(0)})")
     _require(freqs.size(1) == 1 and freqs.size(2) == 1,
-             f"expected the second and third dims of the freqs tensor equal 1, got shape "
+             lambda: f"expected the second and third dims of the freqs tensor equal 1, got shape "
              f"{tuple(freqs.shape)}")
     _require(t.size(3) >= freqs.size(3),
-             f"expected the last dim of the {name} tensor equals or is greater than the freqs "
-             f"tensor ({t.size(3)} < {freqs.size(3)})")
+             lambda: f"expected the last dim of the {name} tensor equals or is greater than "
+             f"the freqs tensor ({t.size(3)} < {freqs.size(3)})")
     _require(freqs.dtype == torch.float32,
-             f"Dtype of the freqs tensor must be float, got {_scalar_name(freqs.dtype)}",
+             lambda: f"Dtype of the freqs tensor must be float, got {_scalar_name(freqs.dtype)}",
              TypeError)
     _check_input_dtype(t, name, op)
 
@@ -194,31 +201,31 @@ def backward(output_grads: torch.Tensor, freqs: torch.Tensor, transpose_output: 
     return _sbhd_freqs("backward", output_grads, freqs, transpose_output, "output_grads")
 
 
-# ---- sbhd: cached cos / sin ---------------------------------------------------------------------
+# ---- sbhd: cached cos / sin ----------------------------------------------------------------------
 def _sbhd_cached(direction: str, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  transpose_output: bool, name: str) -> torch.Tensor:
     _check_tensors(**{name: t, "cos": cos, "sin": sin})
     for what, x, dims in ((name, t, "s, b, h, d"), ("cos", cos, "s, 1, 1, d2"),
                           ("sin", sin, "s, 1, 1, d2")):
-        _require(x.dim() == 4, f"expected 4D tensor: {what} must be [{dims}], got shape "
+        _require(x.dim() == 4, lambda: f"expected 4D tensor: {what} must be [{dims}], got shape "
                                f"{tuple(x.shape)}")
     for what, x in (("cos", cos), ("sin", sin)):
         _require(t.size(0) == x.size(0),
-                 f"expected {name} and {what} tensor have the same sequence length "
+                 lambda: f"expected {name} and {what} tensor have the same sequence length "
                  f"({t.size(0)} vs {x.size(0)})")
     for what, x in (("cos", cos), ("sin", sin)):
         _require(x.size(1) == 1 and x.size(2) == 1,
-                 f"expected the second and third dims of the {what} tensor equal 1, got shape "
-                 f"{tuple(x.shape)}")
+                 lambda: f"expected the second and third dims of the {what} tensor equal 1, got "
+                 f"shape {tuple(x.shape)}")
     _require(cos.size(3) == sin.size(3),
-             f"expected cos and sin tensor have the same last dim ({cos.size(3)} vs "
+             lambda: f"expected cos and sin tensor have the same last dim ({cos.size(3)} vs "
              f"{sin.size(3)})")
     _require(t.size(3) >= cos.size(3),
-             f"expected the last dim of the {name} tensor equals or is greater than the cos "
-             f"tensor ({t.size(3)} < {cos.size(3)})")
+             lambda: f"expected the last dim of the {name} tensor equals or is greater than "
+             f"the cos tensor ({t.size(3)} < {cos.size(3)})")
     _require(cos.dtype == sin.dtype,
-             f"expected cos and sin tensor have the same dtype ({_scalar_name(cos.dtype)} vs "
-             f"{_scalar_name(sin.dtype)})", TypeError)
+             lambda: f"expected cos and sin tensor have the same dtype "
+             f"({_scalar_name(cos.dtype)} vs {_scalar_name(sin.dtype)})", TypeError)
     _check_table_pair(t, cos, f"dispatch_fused_rope_cached_{direction}")
     d2 = cos.size(3)
     _check_dense(cos=cos, sin=sin)
@@ -242,30 +249,31 @@ def backward_cached(output_grads: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     return _sbhd_cached("backward", output_grads, cos, sin, transpose_output, "output_grads")
 
 
-# ---- thd ------------------------------------------------------------------------------------------
+# ---- thd -----------------------------------------------------------------------------------------
 def _check_thd(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, name: str,
                op: str) -> None:
     _check_tensors(**{name: t, "cu_seqlens": cu_seqlens, "freqs": freqs})
-    _require(t.dim() == 3, f"expected 3D tensor: {name} must be [t, h, d], got shape "
+    _require(t.dim() == 3, lambda: f"expected 3D tensor: {name} must be [t, h, d], got shape "
                            f"{tuple(t.shape)}")
-    _require(cu_seqlens.dim() == 1, f"expected 1D tensor: cu_seqlens must be [b + 1], got shape "
-                                    f"{tuple(cu_seqlens.shape)}")
-    _require(freqs.dim() == 4, f"expected 4D tensor: freqs must be [max_s, 1, 1, d2], got shape "
-                               f"{tuple(freqs.shape)}")
+    _require(cu_seqlens.dim() == 1, lambda: f"expected 1D tensor: cu_seqlens must be [b + 1], "
+                                    f"got shape {tuple(cu_seqlens.shape)}")
+    _require(freqs.dim() == 4, lambda: f"expected 4D tensor: freqs must be [max_s, 1, 1, d2], "
+                               f"got shape {tuple(freqs.shape)}")
     _require(freqs.size(1) == 1 and freqs.size(2) == 1,
-             f"expected the second and third dims of the freqs tensor equal 1, got shape "
+             lambda: f"expected the second and third dims of the freqs tensor equal 1, got shape "
              f"{tuple(freqs.shape)}")
     _require(t.size(2) >= freqs.size(3),
-             f"expected the last dim of the {name} tensor equals or is greater than the freqs "
-             f"tensor ({t.size(2)} < {freqs.size(3)})")
+             lambda: f"expected the last dim of the {name} tensor equals or is greater than "
+             f"the freqs tensor ({t.size(2)} < {freqs.size(3)})")
     _require(freqs.dtype == torch.float32,
-             f"Dtype of the freqs tensor must be float, got {_scalar_name(freqs.dtype)}",
+             lambda: f"Dtype of the freqs tensor must be float, got {_scalar_name(freqs.dtype)}",
              TypeError)
     _check_input_dtype(t, name, op)
     # Added: the original reads cu_seqlens with data_ptr<int>() (which throws for other dtypes).
     _require(cu_seqlens.dtype == torch.int32,
-             f"cu_seqlens must be int32, got {_scalar_name(cu_seqlens.dtype)}", TypeError)
-    _require(cu_seqlens.numel() >= 1, "cu_seqlens must hold at least one entry (b + 1 >= 1)")
+             lambda: f"cu_seqlens must be int32, got {_scalar_name(cu_seqlens.dtype)}", TypeError)
+    _require(cu_seqlens.numel() >= 1,
+             lambda: "cu_seqlens must hold at least one entry (b + 1 >= 1)")
     _check_dense(freqs=freqs)
     _check_even(freqs.size(3), "freqs.size(3) (d2)")
     _check_grid(cu_seqlens.numel() - 1, "b (len(cu_seqlens) - 1)")
@@ -345,34 +353,36 @@ def backward_thd(output_grads: torch.Tensor, cu_seqlens: torch.Tensor, freqs: to
     return _thd("backward", output_grads, cu_seqlens, freqs, "output_grads")
 
 
-# ---- 2-D ------------------------------------------------------------------------------------------
+# ---- 2-D -----------------------------------------------------------------------------------------
 def _two_d(direction: str, t: torch.Tensor, cos_h, sin_h, cos_w, sin_w, name: str
            ) -> torch.Tensor:
     tables = dict(cos_h=cos_h, sin_h=sin_h, cos_w=cos_w, sin_w=sin_w)
     _check_tensors(**{name: t}, **tables)
-    _require(t.dim() == 5, f"expected {name} to be 5D tensor [b, ih, iw, h, d], got shape "
+    _require(t.dim() == 5, lambda: f"expected {name} to be 5D tensor [b, ih, iw, h, d], got shape "
                            f"{tuple(t.shape)}")
     for what, x in tables.items():
-        _require(x.dim() == 4, f"expected {what} to be 4D tensor, got shape {tuple(x.shape)}")
+        _require(x.dim() == 4,
+                 lambda: f"expected {what} to be 4D tensor, got shape {tuple(x.shape)}")
     b, ih, iw, h, d = t.shape
     for axis, size, cos, sin in (("h", ih, cos_h, sin_h), ("w", iw, cos_w, sin_w)):
-        _require(cos.size(2) == 1, f"expected third dim of cos_{axis}/sin_{axis} equals 1, got "
-                                   f"shape {tuple(cos.shape)}")
+        _require(cos.size(2) == 1, lambda: f"expected third dim of cos_{axis}/sin_{axis} equals "
+                                   f"1, got shape {tuple(cos.shape)}")
         where = "height" if axis == "h" else "width"
-        _require(size <= cos.size(1), f"expected {name}'s {where} <= cos_{axis}/sin_{axis}'s "
-                                      f"({size} > {cos.size(1)})")
-        _require(d // 2 == cos.size(3), f"expected cos_{axis}/sin_{axis}'s head dim equals "
+        _require(size <= cos.size(1), lambda: f"expected {name}'s {where} <= "
+                                      f"cos_{axis}/sin_{axis}'s ({size} > {cos.size(1)})")
+        _require(d // 2 == cos.size(3), lambda: f"expected cos_{axis}/sin_{axis}'s head dim equals "
                                         f"{name}'s head dim / 2 ({cos.size(3)} vs {d} / 2)")
     op = f"dispatch_fused_rope_2d_{direction}"
     _check_table_pair(t, cos_h, op)
     # Added (the original checks these in the Python wrapper only, or not at all: a mismatch
     # throws inside data_ptr<T>() or reads the wrong rows).
     for axis, cos, sin in (("h", cos_h, sin_h), ("w", cos_w, sin_w)):
-        _require(sin.shape == cos.shape, f"The shape of cos_{axis} and sin_{axis} should be the "
-                                         f"same ({tuple(cos.shape)} vs {tuple(sin.shape)})")
+        _require(sin.shape == cos.shape, lambda: f"The shape of cos_{axis} and sin_{axis} should "
+                                         f"be the same ({tuple(cos.shape)} vs {tuple(sin.shape)})")
     for what, x in (("sin_h", sin_h), ("cos_w", cos_w), ("sin_w", sin_w)):
-        _require(x.dtype == cos_h.dtype, f"{what} has dtype {_scalar_name(x.dtype)} but cos_h has "
-                                         f"{_scalar_name(cos_h.dtype)}; all four must match",
+        _require(x.dtype == cos_h.dtype, lambda: f"{what} has dtype {_scalar_name(x.dtype)} but "
+                                         f"cos_h has {_scalar_name(cos_h.dtype)}; all four must "
+                                         "match",
                  TypeError)
     _check_dense(**tables)
     _check_even(d, f"{name}'s head dim d (two rotate-half sections of width d/2)", 4)
@@ -403,7 +413,8 @@ def forward_2d(input: torch.Tensor, cos_h: torch.Tensor, sin_h: torch.Tensor,
 
 def backward_2d(output_grads: torch.Tensor, cos_h: torch.Tensor, sin_h: torch.Tensor,
                 cos_w: torch.Tensor, sin_w: torch.Tensor) -> torch.Tensor:
-    """Input gradient of :func:`forward_2d`: ``output_grads`` [b, ih, iw, h, d] -> [b, ih*iw, h, d]."""
+    """Input gradient of :func:`forward_2d`: ``output_grads`` [b, ih, iw, h, d] -> new
+    [b, ih*iw, h, d]."""
     return _two_d("backward", output_grads, cos_h, sin_h, cos_w, sin_w, "output_grads")
 
 

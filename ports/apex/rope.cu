@@ -116,7 +116,8 @@ __device__ __forceinline__ void apex_block_bwd(const T *src, const float *freqs,
       const int i = in + hh * stride_h + j * stride_d;
       const int o = out + hh * o_stride_h + j * o_stride_d;
       const T g = src[i];
-      const T partner = (j + half < d2) ? src[i + half * stride_d] : src[i + (half - d2) * stride_d];
+      const T partner =
+          (j + half < d2) ? src[i + half * stride_d] : src[i + (half - d2) * stride_d];
       dst[o] = g * cs + partner * sn;
     }
   }
@@ -163,7 +164,8 @@ __device__ __forceinline__ void apex_block_cached_bwd(const T *src, const T1 *co
       const int i = in + hh * stride_h + j * stride_d;
       const int o = out + hh * o_stride_h + j * o_stride_d;
       const T g = src[i];
-      const T partner = (j + half < d2) ? src[i + half * stride_d] : src[i + (half - d2) * stride_d];
+      const T partner =
+          (j + half < d2) ? src[i + half * stride_d] : src[i + (half - d2) * stride_d];
       dst[o] = g * cs + partner * sn;
     }
   }
