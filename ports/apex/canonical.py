@@ -51,10 +51,9 @@ CACHED_TABLE_DTYPES = frozenset({"fp32", "same"})
 
 def _limits(case: RopeCase) -> str | None:
     """The original's grid and int32 limits that the generic spec fields do not cover."""
-    if case.layout != "thd" and case.batch > MAX_GRID_YZ:
-        return f"b = {case.batch} exceeds the grid's y limit {MAX_GRID_YZ} (grid (s, b))"
-    if case.layout == "thd" and case.batch > MAX_GRID_YZ:
-        return f"{case.batch} sequences exceed the grid's y limit {MAX_GRID_YZ} (grid (max_s, b))"
+    if case.batch > MAX_GRID_YZ:
+        grid = "(max_s, b)" if case.layout == "thd" else "(s, b)"
+        return f"b = {case.batch} exceeds the grid's y limit {MAX_GRID_YZ} (grid {grid})"
     if not case.contiguous and 3 * case.numel > INT32_MAX:
         return "x cut from a packed qkv: offsets reach 3 * numel, past int32"
     return None
