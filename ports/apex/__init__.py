@@ -61,7 +61,7 @@ may contract fp32 differently.
 
 Performance (H100, 2026-11-22, in the same run as that nvcc build, direct extension-level calls):
 on ANCHORS.md's apex shapes the port's forward and backward take 0.99-1.01x apex's time (the
-design sets it: same launch, same SASS-level work). Host time per call is the one difference:
+design sets it: the same launch and the same work per element). Host time per call is the one difference:
 the Python checks and the CuPy launch cost tens of microseconds against apex's C++ ~10 us, which
 only a decode-sized call (s = 1) can expose; its GPU time is the same (4.5 us, CUDA-graph replay).
 
