@@ -60,10 +60,11 @@ d2 = d and d2 < d; h < 16 and h >= 16; contiguous and (0,1)/(2,3)-transposed inp
 may contract fp32 differently.
 
 Performance (H100, 2026-11-22, in the same run as that nvcc build, direct extension-level calls):
-on ANCHORS.md's apex shapes the port's forward and backward take 0.99-1.01x apex's time (the
-design sets it: the same launch and the same work per element). Host time per call is the one difference:
-the Python checks and the CuPy launch cost tens of microseconds against apex's C++ ~10 us, which
-only a decode-sized call (s = 1) can expose; its GPU time is the same (4.5 us, CUDA-graph replay).
+on ANCHORS.md's apex shapes the port's forward and backward take 0.99-1.01x apex's time; the
+design sets it (the same launch, the same work per element). Host time per call is the one
+difference: the Python checks and the CuPy launch cost tens of microseconds against apex's C++
+~10 us, which only a decode-sized call (s = 1) can expose; its GPU time is the same (4.5 us in a
+CUDA-graph replay).
 
 TransformerEngine. TE's early fused RoPE (``transformer_engine/common/fused_rope/fused_rope.cu``,
 2023) is this kernel: the same launch shape, loops, int32 strided indexing and storage-type
