@@ -16,6 +16,7 @@ from reference.case import RopeCase
 
 
 def _load() -> tuple[ImplSpec, ...]:
+    from ports.apex import canonical as apex
     from ports.batch_reuse import canonical as batch_reuse
     from ports.eager import canonical as eager
     from ports.kernl import canonical as kernl
@@ -24,8 +25,8 @@ def _load() -> tuple[ImplSpec, ...]:
     from ports.paddle import canonical as paddle
     from ports.te_triton import canonical as te_triton
 
-    specs = (*eager.SPECS, *leetcuda.SPECS, *paddle.SPECS, *oneflow.SPECS, *te_triton.SPECS,
-             *batch_reuse.SPECS, *kernl.SPECS)
+    specs = (*eager.SPECS, *leetcuda.SPECS, *apex.SPECS, *paddle.SPECS, *oneflow.SPECS,
+             *te_triton.SPECS, *batch_reuse.SPECS, *kernl.SPECS)
     names = [s.name for s in specs]
     duplicates = {n for n in names if names.count(n) > 1}
     if duplicates:

@@ -142,6 +142,15 @@ def long() -> list[RopeCase]:
                      label="long: 2^31 + 2^17 elements")]
 
 
+def apex() -> list[RopeCase]:
+    """The shapes of ANCHORS.md's "apex's original fused RoPE" table (sbhd, s x b x h x d)."""
+    shapes = [((4096, 4, 32, 128), "bf16", None), ((4096, 8, 64, 128), "fp16", None),
+              ((4096, 2, 32, 128), "fp32", None), ((32768, 1, 8, 128), "bf16", None),
+              ((4096, 4, 32, 128), "bf16", 64), ((1, 64, 32, 128), "bf16", None)]
+    return [RopeCase(b, s, h, d, layout="sbhd", dtype=dtype, rotary_dim=rot, label="apex anchor")
+            for (s, b, h, d), dtype, rot in shapes]
+
+
 SUITES: dict[str, Callable[[], list[RopeCase]]] = {
     "smoke": smoke,
     "crossval": crossval,
@@ -156,6 +165,7 @@ SUITES: dict[str, Callable[[], list[RopeCase]]] = {
     "varlen": varlen,
     "gqa": gqa,
     "long": long,
+    "apex": apex,
 }
 
 
