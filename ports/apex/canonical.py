@@ -134,27 +134,34 @@ def _specs() -> list[ImplSpec]:
         family="apex", backend="cupy", upstream=UPSTREAM, styles=frozenset({"rotate_half"}),
         dtypes=frozenset({"fp32", "fp16", "bf16"}), positions=frozenset({"arange"}),
         backward=True, index_bits=32, tolerance_steps=APEX_STEPS,
+        launch="block per token: grid (s, b), block (32, 4 if h < 16 else 8)",
+        per_thread="1 element per (d, h) stride step", access="scalar dtype loads",
     )
+    rounded = "x's dtype, rounded after every op (c10 Half/BFloat16); fp32 for fp32"
     sbhd_bshd = frozenset({"sbhd", "bshd"})
     return [
         ImplSpec(name="apex.fused_rope",
                  summary="fp32 angles, sincosf per element; block per token, (32, 4|8) threads",
                  prepare=_prepare_freqs, layouts=sbhd_bshd, partial=True,
-                 table_source="angles32", check=_limits, **common),
+                 table_source="angles32", check=_limits,
+                 math="sincosf(fp32 angle) per element; " + rounded, **common),
         ImplSpec(name="apex.fused_rope_cached",
                  summary="given cos/sin (fp32 or x's dtype); block per token",
                  prepare=_prepare_cached, layouts=sbhd_bshd, partial=True,
                  table_source="tables", table_dtypes=CACHED_TABLE_DTYPES,
-                 asymmetric_tables=True, check=_limits, **common),
+                 asymmetric_tables=True, check=_limits, math="given table; " + rounded,
+                 **common),
         ImplSpec(name="apex.fused_rope_thd",
                  summary="packed varlen, grid (max_s, b); cu_seqlens checked on host (a sync)",
                  prepare=_prepare_thd, layouts=frozenset({"thd"}), partial=True,
-                 table_source="angles32", check=_limits, **common),
+                 table_source="angles32", check=_limits,
+                 math="sincosf(fp32 angle) per element; " + rounded, **common),
         ImplSpec(name="apex.fused_rope_2d",
                  summary="2-D image RoPE as img_h = s, img_w = 1 (R = d/2, width half identity)",
                  prepare=_prepare_2d, layouts=frozenset({"bshd"}), partial=True,
                  table_source="tables", table_dtypes=CACHED_TABLE_DTYPES,
-                 asymmetric_tables=True, check=_check_2d, **common),
+                 asymmetric_tables=True, check=_check_2d, math="given tables; " + rounded,
+                 **common),
     ]
 
 
