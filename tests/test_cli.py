@@ -195,3 +195,14 @@ def test_claims_without_gpu_list_what_they_need(capsys):
     assert code == 0 and "needs an NVIDIA GPU" in out
     for seed in ("000", "001", "002", "004"):
         assert f"| {seed} " in out
+
+
+def test_claim_verdicts_compare_gains():
+    from ports.harness.claims import _verdict
+
+    assert _verdict(1.01, 1.15, 1.20) == "does not hold: smaller here"  # +1% vs +15-20%
+    assert _verdict(1.24, 1.24) == "holds"
+    assert _verdict(1.29, 1.36) == "holds"                               # +29% vs +36% +- 9%
+    assert _verdict(0.89, 1.04) == "does not hold: smaller here"
+    assert _verdict(79.7, 120, 170) == "does not hold: smaller here"
+    assert _verdict(3.85, 1.52) == "does not hold: larger here"
