@@ -206,3 +206,16 @@ def test_claim_verdicts_compare_gains():
     assert _verdict(0.89, 1.04) == "does not hold: smaller here"
     assert _verdict(79.7, 120, 170) == "does not hold: smaller here"
     assert _verdict(3.85, 1.52) == "does not hold: larger here"
+
+
+def test_summary_pivots_a_results_file(capsys, tmp_path):
+    rows = [{"impl": "a", "case": "c1", "status": "ok", "pct_copy": 50.4},
+            {"impl": "b", "case": "c1", "status": "unsupported", "pct_copy": None},
+            {"impl": "a", "case": "c2", "status": "FAIL", "pct_copy": None}]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(rows))
+    code, out, _ = run(capsys, "--summary", str(path))
+    assert code == 0
+    lines = out.splitlines()
+    assert "| a " in lines[0] and "| b " not in lines[0]  # b never ran: left out
+    assert "| c1 " in out and "50" in lines[2] and "FAIL" in lines[3]

@@ -89,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--only", nargs="+", metavar="NAME", help="names or families to run")
     which.add_argument("--skip", nargs="+", metavar="NAME", help="names or families to leave out")
     which.add_argument("--list", action="store_true", help="print the registry and exit")
+    which.add_argument("--summary", metavar="RESULTS_JSON",
+                       help="pivot a --json results file: implementations x cases")
+    which.add_argument("--summary-value", default="pct_copy",
+                       choices=["pct_copy", "median_us", "graph_us", "gbps", "err_over_tol"])
     which.add_argument("--design", nargs="?", const="", metavar="RESULTS_JSON",
                        help="print the design-notes table; with a --json results file of the "
                             "prefill suite, add each implementation's median %% of copy")
@@ -185,6 +189,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             _emit(report.to_json([report.spec_dict(s) for s in specs]), args.json)
         else:
             print(report.registry_table(specs))
+        return 0
+    if args.summary:
+        import json
+
+        with open(args.summary) as f:
+            print(report.summary_table(json.load(f), args.summary_value))
         return 0
     if args.design is not None:
         pct = None

@@ -199,3 +199,27 @@ def prefill_pct_copy(rows: Sequence[dict]) -> dict[str, float]:
         if r.get("pct_copy") is not None:
             by_impl.setdefault(r["impl"], []).append(float(r["pct_copy"]))
     return {k: statistics.median(v) for k, v in by_impl.items()}
+
+
+def summary_table(rows: Sequence[dict], value: str = "pct_copy", fmt: str = "github") -> str:
+    """Cases (rows) against implementations (columns) from a results file: one number per cell
+    (``value``, e.g. ``pct_copy`` or ``median_us``), or the short status where there is none.
+    Implementations that ran on no case are left out."""
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    cell = {(r["impl"], r["case"]): r for r in rows}
+    impls = [i for i in dict.fromkeys(r["impl"] for r in rows)
+             if any(cell.get((i, c), {}).get(value) is not None for c in cases)]
+    body = []
+    for case in cases:
+        line = [case.replace(" rotate_half", "").replace(" cos/sin same", "")]
+        for impl in impls:
+            r = cell.get((impl, case))
+            if r is None:
+                line.append("")
+            elif r.get(value) is not None:
+                v = float(r[value])
+                line.append(f"{v:.0f}" if value == "pct_copy" else f"{v:.1f}")
+            else:
+                line.append({"unsupported": "-"}.get(r["status"], r["status"]))
+        body.append(line)
+    return tabulate(body, headers=["case", *impls], tablefmt=fmt, disable_numparse=True)
