@@ -31,6 +31,18 @@ def check_rank(t: torch.Tensor, name: str, rank: int, dims: str) -> None:
         raise ValueError(f"{name} must be {rank}-D [{dims}], got shape {tuple(t.shape)}")
 
 
+def output_like(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """``out`` checked against x (same dtype and shape), or a new (poisonable) tensor like x."""
+    from ports import _alloc
+
+    if out is None:
+        return _alloc.empty(x.shape, dtype=x.dtype, device=x.device)
+    check_dtype(out, "out", (x.dtype,))
+    if out.shape != x.shape:
+        raise ValueError(f"out has shape {tuple(out.shape)}, x has {tuple(x.shape)}")
+    return out
+
+
 def check_device(*named: tuple[str, torch.Tensor]) -> torch.device:
     """All tensors on one device: CUDA, or CPU under the Triton interpreter. Returns the device."""
     devices = {t.device for _, t in named}

@@ -32,9 +32,13 @@ def graph_median_us(fn, *, rep_ms: int = REP_MS) -> float:
 def copy_bandwidth_gbps(device_index: int = 0, nbytes: int = COPY_BYTES) -> float:
     """Device-to-device copy bandwidth, GB/s counting bytes read plus bytes written."""
     with torch.cuda.device(device_index):
-        src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
-        dst = torch.empty_like(src)
-        us = median_us(lambda: dst.copy_(src))
-        del src, dst
+        us = median_us(_copy_of(nbytes))
         torch.cuda.empty_cache()
     return 2 * nbytes / (us * 1e-6) / 1e9
+
+
+def _copy_of(nbytes: int):
+    """A call that copies ``nbytes`` (half the bytes moved) device to device, on random data."""
+    src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from ports import _alloc, _triton
+from ports import _triton
 
 UPSTREAM = "ELS-RD/kernl@da9db806:experimental/llama-v2/kernel/fused_kernel_proj_qkv.py"
 
@@ -129,12 +129,7 @@ def rbe_triton_wrapper(x: torch.Tensor, pos: int, *, head_dim: int = 128,
         raise ValueError(f"theta must be positive and finite, got {theta!r}")
     if pos + M > 2**24:
         raise ValueError(f"positions up to {pos + M} are not exact in fp32 (limit 2^24)")
-    if out is None:
-        out = _alloc.empty(x.shape, dtype=x.dtype, device=x.device)
-    else:
-        _triton.check_dtype(out, "out", (x.dtype,))
-        if out.shape != x.shape:
-            raise ValueError(f"out has shape {tuple(out.shape)}, x has {tuple(x.shape)}")
+    out = _triton.output_like(x, out)
     device = _triton.check_device(("x", x), ("out", out))
     if x.numel() == 0:
         return out

@@ -128,12 +128,7 @@ def rmsnorm_triton_wrapper(x: torch.Tensor, rms_w: torch.Tensor, eps: float = 1e
     if M > MAX_GRID_Y:
         raise NotImplementedError(f"rmsnorm_triton puts the {M} tokens on grid axis 1, which CUDA "
                                   f"limits to {MAX_GRID_Y}")
-    if out is None:
-        out = _alloc.empty(x.shape, dtype=x.dtype, device=x.device)
-    else:
-        _triton.check_dtype(out, "out", (x.dtype,))
-        if out.shape != x.shape:
-            raise ValueError(f"out has shape {tuple(out.shape)}, x has {tuple(x.shape)}")
+    out = _triton.output_like(x, out)
     device = _triton.check_device(("x", x), ("rms_w", rms_w), ("out", out))
     if x.numel() == 0:
         return out
