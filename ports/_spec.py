@@ -17,7 +17,7 @@ from reference.case import RopeCase, RopeInputs
 from reference.tolerances import DEFAULT_STEPS
 
 Backend = Literal["torch", "cupy", "triton"]
-Kind = Literal["baseline", "port", "extension", "peer"]
+Kind = Literal["baseline", "port", "extension", "peer", "ablation"]
 Prepared = Callable[[], tuple[torch.Tensor, ...]]
 PrepareFn = Callable[[RopeCase, RopeInputs], Prepared]
 

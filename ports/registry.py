@@ -23,10 +23,11 @@ def _load() -> tuple[ImplSpec, ...]:
     from ports.leetcuda import canonical as leetcuda
     from ports.oneflow import canonical as oneflow
     from ports.paddle import canonical as paddle
+    from ports.study import canonical as study
     from ports.te_triton import canonical as te_triton
 
     specs = (*eager.SPECS, *leetcuda.SPECS, *apex.SPECS, *paddle.SPECS, *oneflow.SPECS,
-             *te_triton.SPECS, *batch_reuse.SPECS, *kernl.SPECS)
+             *te_triton.SPECS, *batch_reuse.SPECS, *kernl.SPECS, *study.SPECS)
     names = [s.name for s in specs]
     duplicates = {n for n in names if names.count(n) > 1}
     if duplicates:
@@ -51,6 +52,7 @@ def select(only: Iterable[str] | None = None, skip: Iterable[str] | None = None
     """Specs in registry order, filtered by exact names (``only``) and minus ``skip``.
 
     A name may also be a family (``leetcuda``) and selects all of its implementations.
+    Ablations (kind ``ablation``) run only when named.
     """
     def expand(names):
         out = set()
@@ -59,7 +61,7 @@ def select(only: Iterable[str] | None = None, skip: Iterable[str] | None = None
             out.update(family or [get(n).name])
         return out
 
-    chosen = expand(only) if only else set(NAMES)
+    chosen = expand(only) if only else {s.name for s in REGISTRY if s.kind != "ablation"}
     chosen -= expand(skip or ())
     return [s for s in REGISTRY if s.name in chosen]
 

@@ -185,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc.args[0]))
 
     if args.list:
+        if not args.only and not args.skip:  # the listing names ablations (run only when named)
+            specs += [s for s in registry.REGISTRY if s.kind == "ablation"]
         if args.json:
             _emit(report.to_json([report.spec_dict(s) for s in specs]), args.json)
         else:

@@ -151,6 +151,19 @@ def apex() -> list[RopeCase]:
             for (s, b, h, d), dtype, rot in shapes]
 
 
+def ablation() -> list[RopeCase]:
+    """Where the study kernel's ideas matter: prefill (bf16, fp32), a decode step, GQA q+k,
+    partial rotary, interleaved, and 128k computed angles. Run with
+    ``--only study study-ablation``."""
+    pre = RopeCase(*STUDY_SHAPE, dtype="bf16", label="ablation prefill")
+    return [pre, pre.replace(dtype="fp32"), pre.replace(style="interleaved"),
+            pre.replace(rotary_dim=64), pre.replace(kv_heads=8, label="ablation gqa"),
+            pre.replace(layout="sbhd"),
+            RopeCase(64, 1, 32, 128, dtype="bf16", positions="offset", max_position=4096,
+                     kv_heads=8, label="ablation decode"),
+            RopeCase(1, 131072, 8, 128, dtype="fp32", label="ablation 128k positions")]
+
+
 SUITES: dict[str, Callable[[], list[RopeCase]]] = {
     "smoke": smoke,
     "crossval": crossval,
@@ -166,6 +179,7 @@ SUITES: dict[str, Callable[[], list[RopeCase]]] = {
     "gqa": gqa,
     "long": long,
     "apex": apex,
+    "ablation": ablation,
 }
 
 

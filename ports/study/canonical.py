@@ -1,0 +1,144 @@
+"""Registry entries for the study's own kernel, and its ablations (one idea switched off each).
+
+* ``study.rope``: given cos/sin tables (full width, any of fp32/fp16/bf16), q and k in one call.
+* ``study.rope_computed``: angles computed in the kernel in fp64 from the case's ``inv_freq``.
+* ``study.rope_inplace``: ``apply_rope_inplace`` on copies made in ``prepare`` (the timed call
+  rotates the same buffers again and again; the first call is the one validated).
+
+Positions go in as the case has them: ``arange`` needs nothing, ``offset`` passes the
+per-sequence offsets, ``ids`` the per-token ids; ``check_positions=False`` in the timed call
+(the inputs are in range by construction; the API's default check costs one device sync).
+
+The ablation entries (kind ``ablation``, family ``study-ablation``) run only when named
+(``compare.py --suite ablation --only study study-ablation``).
+"""
+from __future__ import annotations
+
+from ports._prepare import forward_or_backward
+from ports._spec import ALL_LAYOUTS, ALL_POSITIONS, ImplSpec
+from reference.case import RopeCase, RopeInputs
+
+UPSTREAM = "this package (ports/study): the study's answer, no upstream"
+DTYPES = frozenset({"fp32", "fp16", "bf16"})
+STYLES = frozenset({"rotate_half", "interleaved"})
+# Computed angles: pos * inv_freq in fp64 (exact to ~1e-16), then fp64 sincos rounded to fp32:
+# the only angle error left is far below the fp32 rounding of cos/sin that the steps cover.
+ANGLE_REL_ERR_FP64 = 1e-12
+# ANGLE_FP32 ablation: fp32 product and sincosf, ~2 fp32 roundings of the angle.
+ANGLE_REL_ERR_FP32_ANGLE = 4e-7
+
+
+def _table_check(case: RopeCase) -> str | None:
+    if case.table_dtype.itemsize > 4:
+        return "takes fp32/fp16/bf16 cos/sin (fp64 tables: pass .float())"
+    return None
+
+
+def _kwargs(case: RopeCase, inputs: RopeInputs, computed: bool) -> dict:
+    kw = dict(style=case.style, layout=case.layout, rotary_dim=case.rot_dim,
+              check_positions=False)
+    if computed:
+        kw.update(inv_freq=inputs.inv_freq)
+    else:
+        kw.update(cos=inputs.cos, sin=inputs.sin)
+    if case.layout == "thd":
+        kw.update(cu_seqlens=inputs.cu_seqlens, max_seqlen=max(case.seqlens))
+    if case.positions == "offset":
+        kw.update(offsets=inputs.offsets)
+    elif case.positions == "ids":
+        kw.update(positions=inputs.positions)
+    return kw
+
+
+def _rotate(case, kw, xs, fn):
+    """q and k in one call; v (Paddle's q/k/v case) in a second."""
+    outs = fn(xs[0], xs[1], **kw) if len(xs) > 1 else (fn(xs[0], **kw),)
+    if len(xs) > 2:
+        outs = (*outs, fn(xs[2], **kw))
+    return tuple(outs)
+
+
+def _preparer(computed: bool = False, in_place: bool = False, tuning=None):
+    def prepare(case: RopeCase, inputs: RopeInputs):
+        from ports import study
+        from ports.study.api import DEFAULT_TUNING
+
+        kw = _kwargs(case, inputs, computed)
+        kw["_tuning"] = tuning or DEFAULT_TUNING
+        if not in_place:
+            return forward_or_backward(
+                case, inputs, lambda xs: _rotate(case, kw, xs, study.apply_rope))
+        if case.direction == "backward":  # in place on a copy (autograd refuses leaves)
+            return forward_or_backward(case, inputs, lambda xs: _rotate(
+                case, kw, [x.clone() for x in xs], study.apply_rope_inplace))
+        buffers = [x.clone() for x in inputs.xs]
+        return lambda: _rotate(case, kw, buffers, study.apply_rope_inplace)
+
+    return prepare
+
+
+_COMMON = dict(
+    family="study", backend="cupy", kind="extension", upstream=UPSTREAM, styles=STYLES,
+    layouts=ALL_LAYOUTS, dtypes=DTYPES, partial=True, positions=ALL_POSITIONS, backward=True,
+    tensors_per_launch=2, strided=True, index_bits=64, asymmetric_tables=True,
+    launch="grid (s/tokens, b, head splits) x block (chunks, head lanes, tokens), from the size",
+    per_thread="V-element chunk of each half x 1-4 heads per step",
+    access="16 B (widest that divides R/2 and every stride)",
+)
+
+SPECS = [
+    ImplSpec(name="study.rope", prepare=_preparer(), check=_table_check,
+             summary="the study's kernel: given cos/sin, q and k in one launch",
+             math="fp32, cos/sin loaded once per token, reused across heads", **_COMMON),
+    ImplSpec(name="study.rope_computed", prepare=_preparer(computed=True),
+             summary="the study's kernel: angles computed once per token in fp64",
+             table_source="computed", angle_rel_err=ANGLE_REL_ERR_FP64,
+             math="fp64 pos*inv_freq and sincos into shared memory, fp32 rotation",
+             **dict(_COMMON, asymmetric_tables=False)),
+    ImplSpec(name="study.rope_inplace", prepare=_preparer(in_place=True), check=_table_check,
+             summary="the study's kernel in place (apply_rope_inplace)",
+             math="fp32, cos/sin loaded once per token, reused across heads", **_COMMON),
+]
+
+
+def _ablation(name: str, summary: str, tuning_kw: dict, computed: bool = False, **spec_kw):
+    from ports.study.api import Tuning
+
+    base = dict(_COMMON, kind="ablation", family="study-ablation",
+                math="the design with one idea switched off")
+    if computed:
+        base.update(table_source="computed", asymmetric_tables=False,
+                    angle_rel_err=ANGLE_REL_ERR_FP64)
+    base.update(spec_kw)
+    return ImplSpec(name=f"study-ablation.{name}", summary=summary,
+                    prepare=_preparer(computed=computed, tuning=Tuning(**tuning_kw)),
+                    check=None if computed else _table_check, **base)
+
+
+def _ablations() -> list[ImplSpec]:
+    from ports.study import _launch as L
+
+    return [
+        _ablation("scalar_access", "one element per access (no 16-byte vectors)",
+                  dict(vector_cap=1), access="2-4 B"),
+        _ablation("table_per_head", "cos/sin loaded again for every head",
+                  dict(flags=L.RELOAD_TABLE)),
+        _ablation("one_head_per_step", "one head per thread per step (no unrolled loads)",
+                  dict(unroll=1)),
+        _ablation("fixed_launch", "the prefill launch shape for every size (no head splits)",
+                  dict(shape_rule="fixed")),
+        _ablation("divmod_index", "indices from a flat id with div/mod per head",
+                  dict(flags=L.DIVIDE)),
+        _ablation("no_cache_hints", "plain loads/stores (no evict-first streaming hints)",
+                  dict(flags=L.NO_CACHE_HINTS)),
+        _ablation("int64_index", "64-bit offsets even when 32-bit fit", dict(index_bits=64)),
+        _ablation("separate_launches", "q and k in two launches", dict(separate_launches=True)),
+        _ablation("fp32_angles", "computed angles in fp32 (fp32 product, sincosf)",
+                  dict(flags=L.ANGLE_FP32), computed=True, angle_rel_err=ANGLE_REL_ERR_FP32_ANGLE),
+    ]
+
+
+ABLATION_SPECS = _ablations()
+SPECS = SPECS + ABLATION_SPECS
+
+__all__ = ["SPECS", "ABLATION_SPECS"]

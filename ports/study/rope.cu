@@ -1,0 +1,333 @@
+// The study's own RoPE kernel: one launch rotates q and k (any head counts) in any of the
+// sbhd / bshd / bhsd / thd layouts, with any strides whose last dimension is contiguous.
+//
+// Thread map (no integer division on the hot path):
+//   grid  (ceil(S / blockDim.z), B, head_splits)   token-in-sequence blocks x sequences x head ranges
+//   block (chunks, head_lanes, tokens)              chunk threads x head lanes x tokens
+// A chunk thread owns V elements of one half (rotate-half: elements [cV, cV+V) and their partners
+// [R/2 + cV, ...); interleaved: the V/2 pairs in [cV, cV+V)). It loads its cos/sin once and then
+// walks the heads of its token, UNROLL heads per step (all loads first, then math and stores):
+// the cos/sin are reused across heads (and across q and k). Chunks past the rotary ones copy the
+// pass-through tail [R, D) bit-exactly (out-of-place calls only).
+//
+// Positions: 0..S-1 (+ a per-sequence offset, or a scalar), or per-token ids; thd finds each
+// token's sequence by binary search over cu_seqlens. cos/sin come from tables [L, R] or [L, R/2]
+// (rows clamped to [0, L): the host checks the range, the clamp keeps a skipped check in bounds)
+// or are computed once per token into shared memory in fp64 (exact angle, then one rounding).
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+#ifndef STUDY_MIN_BLOCKS
+#define STUDY_MIN_BLOCKS 1  // resident blocks of 256 threads per SM the register budget allows
+#endif
+
+// Ablation switches (the FLAGS template argument); 0 is the shipped design.
+#define RELOAD_TABLE 1    // load cos/sin again for every head instead of once per token
+#define NO_CACHE_HINTS 2  // plain loads/stores instead of streaming (evict-first) ones
+#define ANGLE_FP32 4      // computed angles: fp32 pos * inv_freq and sincosf (the common design)
+#define DIVIDE 8          // recover (b, s, h, chunk) from a flat index with div/mod per head
+
+struct Params {
+  // Per call (packed on every launch): pointers and the scalar position offset.
+  unsigned long long in[2], out[2];             // q, k (k: 0 when absent); out == in in place
+  unsigned long long cos, sin, inv_freq, pos, cu_seqlens;
+  long long pos_add;                            // scalar added to every position
+  // Per problem (packed once per shape, cached on the host).
+  long long in_sb[2], in_ss[2], in_sh[2];       // element strides of batch, sequence, head
+  long long out_sb[2], out_ss[2], out_sh[2];
+  long long pos_sb, pos_ss;                     // ids strides (offsets: pos_sb only)
+  long long table_rows, table_stride;           // rows L and row stride of cos/sin
+  int heads[2];                                 // q heads, k heads (0 without k)
+  int seqlen;                                   // S (thd: total tokens T)
+  int nseq;                                     // thd: sequences in cu_seqlens; else 0
+  int rot_chunks, tail_chunks;                  // chunk threads per row: rotary, pass-through
+  int heads_per_split;                          // heads one block covers (grid.z splits)
+  int pos_mode;                                 // 0: 0..S-1, 1: per-sequence offset, 2: ids
+  int pos_int32;                                // positions tensor is int32 (else int64)
+  int half_table;                               // tables are [L, R/2] (one angle per pair)
+  int half;                                     // R / 2
+  int backward;                                 // rotate by -theta (the transpose)
+};
+
+template <typename T> __device__ __forceinline__ float to_float(T v);
+template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+template <int BYTES> struct Word;
+template <> struct Word<16> { using type = uint4; };
+template <> struct Word<8> { using type = uint2; };
+template <> struct Word<4> { using type = unsigned int; };
+template <> struct Word<2> { using type = unsigned short; };
+
+template <typename W, bool STREAM> __device__ __forceinline__ W load_word(const W* p) {
+  if constexpr (STREAM) return __ldcs(p); else return *p;
+}
+template <typename W, bool STREAM> __device__ __forceinline__ void store_word(W* p, W v) {
+  if constexpr (STREAM) __stcs(p, v); else *p = v;
+}
+
+// N elements of T at p (aligned to min(16, N * sizeof(T)) bytes), as floats.
+template <typename T, int N, bool STREAM>
+__device__ __forceinline__ void load_floats(const T* p, float (&out)[N]) {
+  constexpr int BYTES = N * (int)sizeof(T) < 16 ? N * (int)sizeof(T) : 16;
+  constexpr int PER = BYTES / (int)sizeof(T);
+  using W = typename Word<BYTES>::type;
+#pragma unroll
+  for (int i = 0; i < N / PER; ++i) {
+    W w = load_word<W, STREAM>(reinterpret_cast<const W*>(p) + i);
+    const T* e = reinterpret_cast<const T*>(&w);
+#pragma unroll
+    for (int j = 0; j < PER; ++j) out[i * PER + j] = to_float(e[j]);
+  }
+}
+
+// V elements of T kept as the raw words they travel in (half the registers of floats for
+// 16-bit types); converted to fp32 only inside the rotation.
+template <typename T, int V> struct Chunk {
+  static constexpr int BYTES = V * (int)sizeof(T) < 16 ? V * (int)sizeof(T) : 16;
+  using W = typename Word<BYTES>::type;
+  static constexpr int WORDS = V * (int)sizeof(T) / BYTES;
+  W w[WORDS];
+  __device__ __forceinline__ float get(int i) const {
+    return to_float(reinterpret_cast<const T*>(w)[i]);
+  }
+  __device__ __forceinline__ void set(int i, float v) { reinterpret_cast<T*>(w)[i] = from_float<T>(v); }
+};
+
+template <typename T, int V, bool STREAM>
+__device__ __forceinline__ void load_chunk(const T* p, Chunk<T, V>& c) {
+  using W = typename Chunk<T, V>::W;
+#pragma unroll
+  for (int i = 0; i < Chunk<T, V>::WORDS; ++i) c.w[i] = load_word<W, STREAM>(reinterpret_cast<const W*>(p) + i);
+}
+
+template <typename T, int V, bool STREAM>
+__device__ __forceinline__ void store_chunk(T* p, const Chunk<T, V>& c) {
+  using W = typename Chunk<T, V>::W;
+#pragma unroll
+  for (int i = 0; i < Chunk<T, V>::WORDS; ++i) store_word<W, STREAM>(reinterpret_cast<W*>(p) + i, c.w[i]);
+}
+
+__device__ __forceinline__ long long read_position(const Params& p, long long i) {
+  return p.pos_int32 ? (long long)reinterpret_cast<const int*>(p.pos)[i]
+                     : reinterpret_cast<const long long*>(p.pos)[i];
+}
+
+// The token's rotary position; for thd also its sequence.
+__device__ __forceinline__ long long token_position(const Params& p, int b, int s) {
+  long long local = s;
+  int seq = b;
+  if (p.nseq > 0) {  // thd: the sequence holding token s, by binary search over cu_seqlens
+    const int* cu = reinterpret_cast<const int*>(p.cu_seqlens);
+    int lo = 0, hi = p.nseq;
+    while (hi - lo > 1) {
+      int mid = (lo + hi) >> 1;
+      if (cu[mid] <= s) lo = mid; else hi = mid;
+    }
+    seq = lo;
+    local = s - cu[lo];
+  }
+  long long pos = local;
+  if (p.pos_mode == 1) pos += read_position(p, seq * p.pos_sb);
+  else if (p.pos_mode == 2) pos = read_position(p, b * p.pos_sb + (long long)s * p.pos_ss);
+  return pos + p.pos_add;
+}
+
+// Elements one chunk thread rotates per head: rotate-half pairs (a[i], b[i]) = (x[j], x[j + R/2]);
+// interleaved pairs (v[2i], v[2i+1]). cA/sA rotate the first member, cB/sB the second:
+//   first' = first * cA - second * sA;   second' = second * cB + first * sB.
+template <int V, bool INTERLEAVED> struct Angles {
+  static constexpr int N = INTERLEAVED ? V / 2 : V;
+  float cA[N], sA[N], cB[N], sB[N];
+};
+
+template <typename TT, int V, bool INTERLEAVED>
+__device__ __forceinline__ void load_table(const Params& p, long long row, int chunk,
+                                           Angles<V, INTERLEAVED>& a) {
+  const TT* cos = reinterpret_cast<const TT*>(p.cos) + row * p.table_stride;
+  const TT* sin = reinterpret_cast<const TT*>(p.sin) + row * p.table_stride;
+  constexpr int N = Angles<V, INTERLEAVED>::N;
+  if constexpr (INTERLEAVED) {
+    if (p.half_table) {
+      load_floats<TT, N, false>(cos + chunk * N, a.cA);
+      load_floats<TT, N, false>(sin + chunk * N, a.sA);
+#pragma unroll
+      for (int i = 0; i < N; ++i) { a.cB[i] = a.cA[i]; a.sB[i] = a.sA[i]; }
+    } else {
+      float c[V], s[V];
+      load_floats<TT, V, false>(cos + chunk * V, c);
+      load_floats<TT, V, false>(sin + chunk * V, s);
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        a.cA[i] = c[2 * i]; a.cB[i] = c[2 * i + 1]; a.sA[i] = s[2 * i]; a.sB[i] = s[2 * i + 1];
+      }
+    }
+  } else {
+    load_floats<TT, N, false>(cos + chunk * N, a.cA);
+    load_floats<TT, N, false>(sin + chunk * N, a.sA);
+    if (p.half_table) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) { a.cB[i] = a.cA[i]; a.sB[i] = a.sA[i]; }
+    } else {
+      load_floats<TT, N, false>(cos + p.half + chunk * N, a.cB);
+      load_floats<TT, N, false>(sin + p.half + chunk * N, a.sB);
+    }
+  }
+}
+
+// Backward rotates by the transpose: first' = first*cA + second*sB; second' = second*cB - first*sA.
+template <int V, bool INTERLEAVED>
+__device__ __forceinline__ void transpose_angles(Angles<V, INTERLEAVED>& a) {
+#pragma unroll
+  for (int i = 0; i < Angles<V, INTERLEAVED>::N; ++i) {
+    float t = a.sA[i];
+    a.sA[i] = -a.sB[i];
+    a.sB[i] = -t;
+  }
+}
+
+template <typename T, int V, bool INTERLEAVED>
+__device__ __forceinline__ void rotate(const Angles<V, INTERLEAVED>& a, Chunk<T, V>& x,
+                                       Chunk<T, V>& y) {
+  // rotate-half: x holds the first members, y the second; interleaved: x holds both, y unused.
+  if constexpr (INTERLEAVED) {
+#pragma unroll
+    for (int i = 0; i < V / 2; ++i) {
+      const float f = x.get(2 * i), g = x.get(2 * i + 1);
+      x.set(2 * i, f * a.cA[i] - g * a.sA[i]);
+      x.set(2 * i + 1, g * a.cB[i] + f * a.sB[i]);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float f = x.get(i), g = y.get(i);
+      x.set(i, f * a.cA[i] - g * a.sA[i]);
+      y.set(i, g * a.cB[i] + f * a.sB[i]);
+    }
+  }
+}
+
+template <typename T, typename TT, int V, bool INTERLEAVED, bool COMPUTED, typename IDX,
+          int UNROLL, int FLAGS>
+__global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS) study_rope(const Params p) {
+  constexpr bool STREAM = !(FLAGS & NO_CACHE_HINTS);
+  constexpr int N = Angles<V, INTERLEAVED>::N;
+  const int chunk = threadIdx.x;
+  const int s = blockIdx.x * blockDim.z + threadIdx.z;
+  const int b = blockIdx.y;
+  const bool rotary = chunk < p.rot_chunks;
+
+  Angles<V, INTERLEAVED> ang;
+  long long pos = 0;
+  if constexpr (COMPUTED) {
+    if (s < p.seqlen) pos = token_position(p, b, s);
+    // Every thread of the token's slice computes some of its R/2 angles once, into shared memory.
+    extern __shared__ float cs_smem[];
+    float* c_row = cs_smem + threadIdx.z * 2 * p.half;
+    float* s_row = c_row + p.half;
+    if (s < p.seqlen) {
+      const double* inv_freq = reinterpret_cast<const double*>(p.inv_freq);
+      for (int j = threadIdx.x + threadIdx.y * blockDim.x; j < p.half;
+           j += blockDim.x * blockDim.y) {
+        if constexpr (FLAGS & ANGLE_FP32) {
+          float c, sn;
+          sincosf((float)pos * (float)inv_freq[j], &sn, &c);
+          c_row[j] = c; s_row[j] = sn;
+        } else {
+          double c, sn;
+          sincos((double)pos * inv_freq[j], &sn, &c);
+          c_row[j] = (float)c; s_row[j] = (float)sn;
+        }
+      }
+    }
+    __syncthreads();
+    if (s >= p.seqlen) return;
+    if (rotary) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        ang.cA[i] = ang.cB[i] = c_row[chunk * N + i];
+        ang.sA[i] = ang.sB[i] = s_row[chunk * N + i];
+      }
+    }
+    if (rotary && p.backward) transpose_angles(ang);
+  } else {
+    if (s >= p.seqlen) return;
+  }
+  // Tables: the position and cos/sin are fetched after the first step's loads are issued, so
+  // the dependent chain (position -> table row) overlaps the data loads (what decode waits on).
+  bool have_angles = COMPUTED;
+
+  const int htot = p.heads[0] + p.heads[1];
+  const int hbeg = blockIdx.z * p.heads_per_split;
+  const int hend = min(hbeg + p.heads_per_split, htot);
+  const int elem = rotary ? chunk * V : 2 * p.half + (chunk - p.rot_chunks) * V;
+  // This token's element offsets in q and k, in and out (tensor 1 is k; selects, not arrays
+  // indexed at run time, keep everything in registers).
+  const IDX q_in = (IDX)b * (IDX)p.in_sb[0] + (IDX)s * (IDX)p.in_ss[0] + (IDX)elem;
+  const IDX k_in = (IDX)b * (IDX)p.in_sb[1] + (IDX)s * (IDX)p.in_ss[1] + (IDX)elem;
+  const IDX q_out = (IDX)b * (IDX)p.out_sb[0] + (IDX)s * (IDX)p.out_ss[0] + (IDX)elem;
+  const IDX k_out = (IDX)b * (IDX)p.out_sb[1] + (IDX)s * (IDX)p.out_ss[1] + (IDX)elem;
+  const int hq = p.heads[0];
+  const int second = INTERLEAVED ? 0 : p.half;  // offset of a rotate-half partner
+
+  for (int h0 = hbeg + threadIdx.y; h0 < hend; h0 += UNROLL * blockDim.y) {
+    Chunk<T, V> x[UNROLL], y[UNROLL];
+    const T* src[UNROLL];
+    T* dst[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int h = h0 + u * blockDim.y;
+      if (h >= hend) continue;
+      const bool is_k = h >= hq;
+      const int hh = is_k ? h - hq : h;
+      IDX from, to;
+      if constexpr (FLAGS & DIVIDE) {
+        // Ablation: the flat-index designs' div/mod, (b, s, h) recovered from one id per head.
+        const IDX chunks = (IDX)(p.rot_chunks + p.tail_chunks);
+        const IDX rows = (IDX)(is_k ? p.heads[1] : hq) * chunks;
+        const IDX per_seq = (IDX)p.seqlen * rows;
+        const IDX flat = ((IDX)b * (IDX)p.seqlen + (IDX)s) * rows + (IDX)hh * chunks + (IDX)chunk;
+        const IDX fb = flat / per_seq, fs = (flat % per_seq) / rows, fh = (flat % rows) / chunks;
+        from = fb * (IDX)(is_k ? p.in_sb[1] : p.in_sb[0]) + fs * (IDX)(is_k ? p.in_ss[1] : p.in_ss[0])
+               + fh * (IDX)(is_k ? p.in_sh[1] : p.in_sh[0]) + (IDX)elem;
+        to = fb * (IDX)(is_k ? p.out_sb[1] : p.out_sb[0]) + fs * (IDX)(is_k ? p.out_ss[1] : p.out_ss[0])
+             + fh * (IDX)(is_k ? p.out_sh[1] : p.out_sh[0]) + (IDX)elem;
+      } else {
+        from = (is_k ? k_in : q_in) + (IDX)hh * (IDX)(is_k ? p.in_sh[1] : p.in_sh[0]);
+        to = (is_k ? k_out : q_out) + (IDX)hh * (IDX)(is_k ? p.out_sh[1] : p.out_sh[0]);
+      }
+      src[u] = reinterpret_cast<const T*>(is_k ? p.in[1] : p.in[0]) + from;
+      dst[u] = reinterpret_cast<T*>(is_k ? p.out[1] : p.out[0]) + to;
+      // Every load of the step is issued before any math or store.
+      load_chunk<T, V, STREAM>(src[u], x[u]);
+      if (!INTERLEAVED && rotary) load_chunk<T, V, STREAM>(src[u] + second, y[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (h0 + u * blockDim.y >= hend) continue;
+      if (rotary) {
+        if constexpr (!COMPUTED) {
+          if ((FLAGS & RELOAD_TABLE) || !have_angles) {
+            if (!have_angles) pos = token_position(p, b, s);
+            load_table<TT, V, INTERLEAVED>(p, pos, chunk, ang);
+            if (p.backward) transpose_angles(ang);
+            have_angles = true;
+          }
+        }
+        rotate<T, V, INTERLEAVED>(ang, x[u], y[u]);
+        if constexpr (!INTERLEAVED) store_chunk<T, V, STREAM>(dst[u] + second, y[u]);
+      }
+      // Pass-through tail threads store their raw words unchanged (bit-exact).
+      store_chunk<T, V, STREAM>(dst[u], x[u]);
+    }
+  }
+}
