@@ -30,7 +30,7 @@ FILENAME = "rope.cu"
 OPTIONS: tuple[str, ...] = ()  # no fast math: accurate sincos, IEEE division and denormals
 
 # Ablation switches (rope.cu's FLAGS); 0 is the shipped design.
-RELOAD_TABLE, NO_CACHE_HINTS, ANGLE_FP32, DIVIDE = 1, 2, 4, 8
+RELOAD_TABLE, NO_CACHE_HINTS, ANGLE_FP32, DIVIDE, BOTH_HALVES = 1, 2, 4, 8, 16
 
 CTYPE = {torch.float32: "float", torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
 INT32_MAX = 2**31 - 1
@@ -159,7 +159,8 @@ def plan(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, rot
             "interleaved RoPE needs each pair in one aligned access: every stride must be even "
             f"and every tensor (and cos/sin row) {2 * elem}-byte aligned; got strides "
             f"{sorted(set(strides))}")
-    rot_chunks = (half if not interleaved else rotary_dim) // v
+    split = interleaved or not flags & BOTH_HALVES  # a thread per chunk of the R channels
+    rot_chunks = (rotary_dim if split else half) // v
     tail_chunks = tail // v
     chunks = rot_chunks + tail_chunks
     htot = sum(op.heads for op in operands)

@@ -26,7 +26,9 @@ _KERNELS = tuple(
 ) + (_launch.kernel_name(torch.bfloat16, torch.bfloat16, 8, False, False, 64, 1),
      _launch.kernel_name(torch.float16, torch.float16, 2, True, False, 32, 2),
      _launch.kernel_name(torch.bfloat16, torch.float32, 8, False, False, 32, 4, 1 | 2 | 8),
-     _launch.kernel_name(torch.float32, torch.float32, 4, False, True, 64, 1, 4))
+     _launch.kernel_name(torch.float32, torch.float32, 4, False, True, 64, 1, 4),
+     _launch.kernel_name(torch.bfloat16, torch.bfloat16, 8, False, False, 32, 4, 0),
+     _launch.kernel_name(torch.float16, torch.float32, 8, False, True, 32, 2, 16))
 MODULE = _cupy.CudaModule(__package__, _launch.FILENAME, kernels=_KERNELS,
                           options=_launch.OPTIONS)
 

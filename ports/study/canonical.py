@@ -82,7 +82,7 @@ _COMMON = dict(
     layouts=ALL_LAYOUTS, dtypes=DTYPES, partial=True, positions=ALL_POSITIONS, backward=True,
     tensors_per_launch=2, strided=True, index_bits=64, asymmetric_tables=True,
     launch="grid (s/tokens, b, head splits) x block (chunks, head lanes, tokens), from the size",
-    per_thread="V-element chunk of each half x 1-4 heads per step",
+    per_thread="one V-element chunk (and its partner) x 1-4 heads per step",
     access="16 B (widest that divides R/2 and every stride)",
 )
 
@@ -121,6 +121,8 @@ def _ablations() -> list[ImplSpec]:
     return [
         _ablation("scalar_access", "one element per access (no 16-byte vectors)",
                   dict(vector_cap=1), access="2-4 B"),
+        _ablation("both_halves_per_thread", "rotate-half: a thread owns a chunk of each half",
+                  dict(flags=L.BOTH_HALVES)),
         _ablation("table_per_head", "cos/sin loaded again for every head",
                   dict(flags=L.RELOAD_TABLE)),
         _ablation("one_head_per_step", "one head per thread per step (no unrolled loads)",

@@ -26,6 +26,7 @@
 #define NO_CACHE_HINTS 2  // plain loads/stores instead of streaming (evict-first) ones
 #define ANGLE_FP32 4      // computed angles: fp32 pos * inv_freq and sincosf (the common design)
 #define DIVIDE 8          // recover (b, s, h, chunk) from a flat index with div/mod per head
+#define BOTH_HALVES 16    // rotate-half: a thread owns a chunk of each half (no partner loads)
 
 struct Params {
   // Per call (packed on every launch): pointers and the scalar position offset.
@@ -195,6 +196,23 @@ __device__ __forceinline__ void transpose_angles(Angles<V, INTERLEAVED>& a) {
   }
 }
 
+// Rotate-half (unless BOTH_HALVES): a thread owns V elements of one half only. It rotates them with its own cosine
+// and a signed sine: forward, own sine (first half: -s, second: +s); backward (the transpose),
+// the partner's sine (first half: +s, second: -s). cA holds the cosines, sA the signed sines.
+template <typename TT, int V>
+__device__ __forceinline__ void load_table_split(const Params& p, long long row, int elem,
+                                                 bool first, Angles<V, false>& a) {
+  const TT* cos = reinterpret_cast<const TT*>(p.cos) + row * p.table_stride;
+  const TT* sin = reinterpret_cast<const TT*>(p.sin) + row * p.table_stride;
+  const int own = p.half_table && !first ? elem - p.half : elem;
+  const int partner = p.half_table ? own : (first ? elem + p.half : elem - p.half);
+  load_floats<TT, V, false>(cos + own, a.cA);
+  load_floats<TT, V, false>(sin + (p.backward ? partner : own), a.sA);
+  const float sign = (first != (bool)p.backward) ? -1.f : 1.f;
+#pragma unroll
+  for (int i = 0; i < V; ++i) a.sA[i] *= sign;
+}
+
 template <typename T, int V, bool INTERLEAVED>
 __device__ __forceinline__ void rotate(const Angles<V, INTERLEAVED>& a, Chunk<T, V>& x,
                                        Chunk<T, V>& y) {
@@ -216,10 +234,19 @@ __device__ __forceinline__ void rotate(const Angles<V, INTERLEAVED>& a, Chunk<T,
   }
 }
 
+// Rotate-half, one half per thread: x holds the own elements, y their partners; x is rotated.
+template <typename T, int V>
+__device__ __forceinline__ void rotate_split(const Angles<V, false>& a, Chunk<T, V>& x,
+                                             const Chunk<T, V>& y) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) x.set(i, x.get(i) * a.cA[i] + y.get(i) * a.sA[i]);
+}
+
 template <typename T, typename TT, int V, bool INTERLEAVED, bool COMPUTED, typename IDX,
           int UNROLL, int FLAGS>
 __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS) study_rope(const Params p) {
   constexpr bool STREAM = !(FLAGS & NO_CACHE_HINTS);
+  constexpr bool SPLIT = !INTERLEAVED && !(FLAGS & BOTH_HALVES);
   constexpr int N = Angles<V, INTERLEAVED>::N;
   const int chunk = threadIdx.x;
   const int s = blockIdx.x * blockDim.z + threadIdx.z;
@@ -251,14 +278,23 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS) study_rope(const Params
     }
     __syncthreads();
     if (s >= p.seqlen) return;
-    if (rotary) {
+    if (rotary && SPLIT) {
+      const bool first = chunk * V < p.half;
+      const int j = first ? chunk * V : chunk * V - p.half;
+      const float sign = (first != (bool)p.backward) ? -1.f : 1.f;
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        ang.cA[i] = c_row[j + i];
+        ang.sA[i] = sign * s_row[j + i];
+      }
+    } else if (rotary) {
 #pragma unroll
       for (int i = 0; i < N; ++i) {
         ang.cA[i] = ang.cB[i] = c_row[chunk * N + i];
         ang.sA[i] = ang.sB[i] = s_row[chunk * N + i];
       }
+      if (p.backward) transpose_angles(ang);
     }
-    if (rotary && p.backward) transpose_angles(ang);
   } else {
     if (s >= p.seqlen) return;
   }
@@ -270,6 +306,7 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS) study_rope(const Params
   const int hbeg = blockIdx.z * p.heads_per_split;
   const int hend = min(hbeg + p.heads_per_split, htot);
   const int elem = rotary ? chunk * V : 2 * p.half + (chunk - p.rot_chunks) * V;
+  const bool first_half = elem < p.half;  // which half a rotate-half thread owns
   // This token's element offsets in q and k, in and out (tensor 1 is k; selects, not arrays
   // indexed at run time, keep everything in registers).
   const IDX q_in = (IDX)b * (IDX)p.in_sb[0] + (IDX)s * (IDX)p.in_ss[0] + (IDX)elem;
@@ -277,7 +314,8 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS) study_rope(const Params
   const IDX q_out = (IDX)b * (IDX)p.out_sb[0] + (IDX)s * (IDX)p.out_ss[0] + (IDX)elem;
   const IDX k_out = (IDX)b * (IDX)p.out_sb[1] + (IDX)s * (IDX)p.out_ss[1] + (IDX)elem;
   const int hq = p.heads[0];
-  const int second = INTERLEAVED ? 0 : p.half;  // offset of a rotate-half partner
+  // Offset of the rotate-half partners: the other half (BOTH_HALVES: the second half).
+  const int second = INTERLEAVED ? 0 : (SPLIT && !first_half) ? -p.half : p.half;
 
   for (int h0 = hbeg + threadIdx.y; h0 < hend; h0 += UNROLL * blockDim.y) {
     Chunk<T, V> x[UNROLL], y[UNROLL];
@@ -318,13 +356,21 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS) study_rope(const Params
         if constexpr (!COMPUTED) {
           if ((FLAGS & RELOAD_TABLE) || !have_angles) {
             if (!have_angles) pos = token_position(p, b, s);
-            load_table<TT, V, INTERLEAVED>(p, pos, chunk, ang);
-            if (p.backward) transpose_angles(ang);
+            if constexpr (SPLIT) {
+              load_table_split<TT, V>(p, pos, elem, first_half, ang);
+            } else {
+              load_table<TT, V, INTERLEAVED>(p, pos, chunk, ang);
+              if (p.backward) transpose_angles(ang);
+            }
             have_angles = true;
           }
         }
-        rotate<T, V, INTERLEAVED>(ang, x[u], y[u]);
-        if constexpr (!INTERLEAVED) store_chunk<T, V, STREAM>(dst[u] + second, y[u]);
+        if constexpr (SPLIT) {
+          rotate_split<T, V>(ang, x[u], y[u]);
+        } else {
+          rotate<T, V, INTERLEAVED>(ang, x[u], y[u]);
+          if constexpr (!INTERLEAVED) store_chunk<T, V, STREAM>(dst[u] + second, y[u]);
+        }
       }
       // Pass-through tail threads store their raw words unchanged (bit-exact).
       store_chunk<T, V, STREAM>(dst[u], x[u]);
