@@ -127,11 +127,19 @@ def plan(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, rot
          interleaved: bool, tables, computed: bool, in_place: bool, flags: int = 0,
          shape_rule: str = "auto", vector_cap: int | None = None,
          index_bits: int | None = None, unroll: int | None = None) -> Plan:
-    """Choose the launch for this problem (see the module doc). ``tables`` is ``(cos, half)``
-    or ``None``; ``shape_rule``/``vector_cap``/``index_bits`` force ablations."""
+    """Choose the launch for this problem (see the module doc). ``tables`` is
+    ``(cos, sin, half_table)`` or ``None``; ``shape_rule``, ``vector_cap``, ``index_bits`` and
+    ``unroll`` force ablations."""
     q = operands[0].src
     elem = q.element_size()
     half = rotary_dim // 2
+    # Computed angles: cos/sin rows [R] per token in shared memory (fp32 outputs add their low
+    # parts). In place, a rotate-half thread owns both halves: a thread that loads its partner
+    # from memory could read it after the partner's owner has overwritten it.
+    lo = computed and q.dtype == torch.float32 and not flags & ANGLE_FP32
+    angle_bytes = (4 if lo else 2) * rotary_dim * 4 if computed else 0
+    if in_place and not interleaved:
+        flags |= BOTH_HALVES
     tail = head_dim - rotary_dim if not in_place else 0
     units = (half,) if not interleaved else (rotary_dim,)
     units += (tail,) if tail else ()
@@ -180,8 +188,8 @@ def plan(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, rot
     lanes = max(1, min(-(-htot // unroll), THREADS_PER_BLOCK // chunks))
     tokens_per_block = max(1, min(MAX_TOKENS_PER_BLOCK, THREADS_PER_BLOCK // (chunks * lanes),
                                   seqlen))
-    if computed:
-        tokens_per_block = max(1, min(tokens_per_block, SMEM_LIMIT // (8 * half)))
+    if angle_bytes:
+        tokens_per_block = max(1, min(tokens_per_block, SMEM_LIMIT // angle_bytes))
     splits = 1
     if shape_rule != "fixed":
         blocks = -(-seqlen // tokens_per_block) * batch
@@ -204,7 +212,7 @@ def plan(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, rot
                        v, interleaved, computed, index_bits, unroll, flags)
     grid = (-(-seqlen // tokens_per_block), batch, splits)
     block = (chunks, lanes, tokens_per_block)
-    smem = 8 * half * tokens_per_block if computed else 0
+    smem = angle_bytes * tokens_per_block
     return Plan(name, grid, block, smem, v, unroll, index_bits, rot_chunks, tail_chunks,
                 heads_per_split)
 

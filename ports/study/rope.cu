@@ -149,11 +149,21 @@ __device__ __forceinline__ long long token_position(const Params& p, int b, int 
 template <int V, bool INTERLEAVED> struct Angles {
   static constexpr int N = INTERLEAVED ? V / 2 : V;
   float cA[N], sA[N], cB[N], sB[N];
+  // Computed angles for fp32 outputs: the low parts of cA, sA (cos = cA + cAl exactly to ~2^-48;
+  // computed tables are symmetric, so they serve B too). Unused (and removed) otherwise.
+  float cAl[N], sAl[N];
 };
 
+// A table row, clamped to [0, L): the host checks positions; the clamp keeps a skipped check
+// (check_positions=False) in bounds.
+__device__ __forceinline__ long long table_row(const Params& p, long long pos) {
+  return pos < 0 ? 0 : pos >= p.table_rows ? p.table_rows - 1 : pos;
+}
+
 template <typename TT, int V, bool INTERLEAVED>
-__device__ __forceinline__ void load_table(const Params& p, long long row, int chunk,
+__device__ __forceinline__ void load_table(const Params& p, long long pos, int chunk,
                                            Angles<V, INTERLEAVED>& a) {
+  const long long row = table_row(p, pos);
   const TT* cos = reinterpret_cast<const TT*>(p.cos) + row * p.table_stride;
   const TT* sin = reinterpret_cast<const TT*>(p.sin) + row * p.table_stride;
   constexpr int N = Angles<V, INTERLEAVED>::N;
@@ -193,6 +203,7 @@ __device__ __forceinline__ void transpose_angles(Angles<V, INTERLEAVED>& a) {
     float t = a.sA[i];
     a.sA[i] = -a.sB[i];
     a.sB[i] = -t;
+    a.sAl[i] = -a.sAl[i];  // symmetric when used (computed angles)
   }
 }
 
@@ -200,8 +211,9 @@ __device__ __forceinline__ void transpose_angles(Angles<V, INTERLEAVED>& a) {
 // and a signed sine: forward, own sine (first half: -s, second: +s); backward (the transpose),
 // the partner's sine (first half: +s, second: -s). cA holds the cosines, sA the signed sines.
 template <typename TT, int V>
-__device__ __forceinline__ void load_table_split(const Params& p, long long row, int elem,
+__device__ __forceinline__ void load_table_split(const Params& p, long long pos, int elem,
                                                  bool first, Angles<V, false>& a) {
+  const long long row = table_row(p, pos);
   const TT* cos = reinterpret_cast<const TT*>(p.cos) + row * p.table_stride;
   const TT* sin = reinterpret_cast<const TT*>(p.sin) + row * p.table_stride;
   const int own = p.half_table && !first ? elem - p.half : elem;
@@ -213,7 +225,24 @@ __device__ __forceinline__ void load_table_split(const Params& p, long long row,
   for (int i = 0; i < V; ++i) a.sA[i] *= sign;
 }
 
-template <typename T, int V, bool INTERLEAVED>
+// a*b + c*d (+ a*bl + c*dl, the low parts of computed fp32 angles). fp16/bf16 outputs: fp32 FMA,
+// far below their rounding step. fp32 outputs: Kahan's product sum (w = c*d exactly split into
+// w + e by an FMA), within one rounding of the exact sum, so the store stays within one step.
+template <typename T, bool LO>
+__device__ __forceinline__ float mul_add2(float a, float b, float c, float d, float bl, float dl) {
+  if constexpr (sizeof(T) == 4) {
+    const float w = c * d;
+    const float e = fmaf(c, d, -w);
+    const float f = fmaf(a, b, w);
+    float tail = e;
+    if constexpr (LO) tail += fmaf(a, bl, c * dl);
+    return f + tail;
+  } else {
+    return fmaf(a, b, c * d);
+  }
+}
+
+template <typename T, int V, bool INTERLEAVED, bool LO>
 __device__ __forceinline__ void rotate(const Angles<V, INTERLEAVED>& a, Chunk<T, V>& x,
                                        Chunk<T, V>& y) {
   // rotate-half: x holds the first members, y the second; interleaved: x holds both, y unused.
@@ -221,25 +250,26 @@ __device__ __forceinline__ void rotate(const Angles<V, INTERLEAVED>& a, Chunk<T,
 #pragma unroll
     for (int i = 0; i < V / 2; ++i) {
       const float f = x.get(2 * i), g = x.get(2 * i + 1);
-      x.set(2 * i, f * a.cA[i] - g * a.sA[i]);
-      x.set(2 * i + 1, g * a.cB[i] + f * a.sB[i]);
+      x.set(2 * i, mul_add2<T, LO>(f, a.cA[i], g, -a.sA[i], a.cAl[i], -a.sAl[i]));
+      x.set(2 * i + 1, mul_add2<T, LO>(g, a.cB[i], f, a.sB[i], a.cAl[i], a.sAl[i]));
     }
   } else {
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       const float f = x.get(i), g = y.get(i);
-      x.set(i, f * a.cA[i] - g * a.sA[i]);
-      y.set(i, g * a.cB[i] + f * a.sB[i]);
+      x.set(i, mul_add2<T, LO>(f, a.cA[i], g, -a.sA[i], a.cAl[i], -a.sAl[i]));
+      y.set(i, mul_add2<T, LO>(g, a.cB[i], f, a.sB[i], a.cAl[i], a.sAl[i]));
     }
   }
 }
 
 // Rotate-half, one half per thread: x holds the own elements, y their partners; x is rotated.
-template <typename T, int V>
+template <typename T, int V, bool LO>
 __device__ __forceinline__ void rotate_split(const Angles<V, false>& a, Chunk<T, V>& x,
                                              const Chunk<T, V>& y) {
 #pragma unroll
-  for (int i = 0; i < V; ++i) x.set(i, x.get(i) * a.cA[i] + y.get(i) * a.sA[i]);
+  for (int i = 0; i < V; ++i)
+    x.set(i, mul_add2<T, LO>(x.get(i), a.cA[i], y.get(i), a.sA[i], a.cAl[i], a.sAl[i]));
 }
 
 template <typename T, typename TT, int V, bool INTERLEAVED, bool COMPUTED, typename IDX,
@@ -247,66 +277,83 @@ template <typename T, typename TT, int V, bool INTERLEAVED, bool COMPUTED, typen
 __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS) study_rope(const Params p) {
   constexpr bool STREAM = !(FLAGS & NO_CACHE_HINTS);
   constexpr bool SPLIT = !INTERLEAVED && !(FLAGS & BOTH_HALVES);
+  // fp32 outputs of computed angles carry each cos/sin as a float pair (hi + lo).
+  constexpr bool LO = COMPUTED && sizeof(T) == 4 && !(FLAGS & ANGLE_FP32);
   constexpr int N = Angles<V, INTERLEAVED>::N;
   const int chunk = threadIdx.x;
   const int s = blockIdx.x * blockDim.z + threadIdx.z;
   const int b = blockIdx.y;
+  const bool live = s < p.seqlen;
   const bool rotary = chunk < p.rot_chunks;
 
   Angles<V, INTERLEAVED> ang;
-  long long pos = 0;
+  long long pos = (COMPUTED && live) ? token_position(p, b, s) : 0;
+  const int elem = rotary ? chunk * V : 2 * p.half + (chunk - p.rot_chunks) * V;
+  const bool first_half = elem < p.half;  // which half a rotate-half thread owns
   if constexpr (COMPUTED) {
-    if (s < p.seqlen) pos = token_position(p, b, s);
-    // Every thread of the token's slice computes some of its R/2 angles once, into shared memory.
+    // Computed angles, once per token, before any data load: rows [R] of cos/sin (with LO, also
+    // their low parts) in the style's natural layout in shared memory, each thread of the
+    // token's slice computing some pairs; then this thread's angles from there.
     extern __shared__ float cs_smem[];
-    float* c_row = cs_smem + threadIdx.z * 2 * p.half;
-    float* s_row = c_row + p.half;
-    if (s < p.seqlen) {
+    const int R = 2 * p.half;
+    float* c_row = cs_smem + threadIdx.z * (LO ? 4 : 2) * R;
+    float* s_row = c_row + R;
+    float* cl_row = s_row + R;
+    float* sl_row = cl_row + R;
+    if (live) {
       const double* inv_freq = reinterpret_cast<const double*>(p.inv_freq);
       for (int j = threadIdx.x + threadIdx.y * blockDim.x; j < p.half;
            j += blockDim.x * blockDim.y) {
+        const int e0 = INTERLEAVED ? 2 * j : j, e1 = INTERLEAVED ? 2 * j + 1 : j + p.half;
+        float c, sn, cl = 0.f, sl = 0.f;
         if constexpr (FLAGS & ANGLE_FP32) {
-          float c, sn;
           sincosf((float)pos * (float)inv_freq[j], &sn, &c);
-          c_row[j] = c; s_row[j] = sn;
         } else {
-          double c, sn;
-          sincos((double)pos * inv_freq[j], &sn, &c);
-          c_row[j] = (float)c; s_row[j] = (float)sn;
+          double cd, sd;
+          sincos((double)pos * inv_freq[j], &sd, &cd);  // pos * inv_freq is exact in fp64
+          c = (float)cd; sn = (float)sd;
+          cl = (float)(cd - (double)c); sl = (float)(sd - (double)sn);
         }
+        c_row[e0] = c_row[e1] = c;
+        s_row[e0] = s_row[e1] = sn;
+        if constexpr (LO) { cl_row[e0] = cl_row[e1] = cl; sl_row[e0] = sl_row[e1] = sl; }
       }
     }
     __syncthreads();
-    if (s >= p.seqlen) return;
-    if (rotary && SPLIT) {
-      const bool first = chunk * V < p.half;
-      const int j = first ? chunk * V : chunk * V - p.half;
-      const float sign = (first != (bool)p.backward) ? -1.f : 1.f;
+    if (live && rotary) {
+      if constexpr (SPLIT) {
+        // Own cosine; forward the own sine, backward the partner's (the transpose), signed.
+        const int own = chunk * V, partner = first_half ? own + p.half : own - p.half;
+        const int sine = p.backward ? partner : own;
+        const float sign = (first_half != (bool)p.backward) ? -1.f : 1.f;
 #pragma unroll
-      for (int i = 0; i < N; ++i) {
-        ang.cA[i] = c_row[j + i];
-        ang.sA[i] = sign * s_row[j + i];
-      }
-    } else if (rotary) {
+        for (int i = 0; i < N; ++i) {
+          ang.cA[i] = c_row[own + i];
+          ang.sA[i] = sign * s_row[sine + i];
+          if constexpr (LO) { ang.cAl[i] = cl_row[own + i]; ang.sAl[i] = sign * sl_row[sine + i]; }
+        }
+      } else {
+        // Interleaved: members (2i, 2i+1) of the chunk; BOTH_HALVES: (i, i + R/2).
 #pragma unroll
-      for (int i = 0; i < N; ++i) {
-        ang.cA[i] = ang.cB[i] = c_row[chunk * N + i];
-        ang.sA[i] = ang.sB[i] = s_row[chunk * N + i];
+        for (int i = 0; i < N; ++i) {
+          const int e0 = INTERLEAVED ? chunk * V + 2 * i : chunk * V + i;
+          const int e1 = INTERLEAVED ? e0 + 1 : e0 + p.half;
+          ang.cA[i] = c_row[e0]; ang.cB[i] = c_row[e1];
+          ang.sA[i] = s_row[e0]; ang.sB[i] = s_row[e1];
+          if constexpr (LO) { ang.cAl[i] = cl_row[e0]; ang.sAl[i] = sl_row[e0]; }
+        }
+        if (p.backward) transpose_angles(ang);
       }
-      if (p.backward) transpose_angles(ang);
     }
-  } else {
-    if (s >= p.seqlen) return;
   }
-  // Tables: the position and cos/sin are fetched after the first step's loads are issued, so
-  // the dependent chain (position -> table row) overlaps the data loads (what decode waits on).
+  if (!live) return;
+  // Given tables: each rotary thread loads its cos/sin chunk once, after its first rows are in
+  // flight (the position -> row chain overlaps the data loads), and reuses it for every head.
   bool have_angles = COMPUTED;
 
   const int htot = p.heads[0] + p.heads[1];
   const int hbeg = blockIdx.z * p.heads_per_split;
   const int hend = min(hbeg + p.heads_per_split, htot);
-  const int elem = rotary ? chunk * V : 2 * p.half + (chunk - p.rot_chunks) * V;
-  const bool first_half = elem < p.half;  // which half a rotate-half thread owns
   // This token's element offsets in q and k, in and out (tensor 1 is k; selects, not arrays
   // indexed at run time, keep everything in registers).
   const IDX q_in = (IDX)b * (IDX)p.in_sb[0] + (IDX)s * (IDX)p.in_ss[0] + (IDX)elem;
@@ -316,14 +363,15 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS) study_rope(const Params
   const int hq = p.heads[0];
   // Offset of the rotate-half partners: the other half (BOTH_HALVES: the second half).
   const int second = INTERLEAVED ? 0 : (SPLIT && !first_half) ? -p.half : p.half;
+  const int lanes = blockDim.y;
 
-  for (int h0 = hbeg + threadIdx.y; h0 < hend; h0 += UNROLL * blockDim.y) {
+  for (int h0 = hbeg + threadIdx.y; h0 < hend; h0 += UNROLL * lanes) {
     Chunk<T, V> x[UNROLL], y[UNROLL];
     const T* src[UNROLL];
     T* dst[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      const int h = h0 + u * blockDim.y;
+      const int h = h0 + u * lanes;
       if (h >= hend) continue;
       const bool is_k = h >= hq;
       const int hh = is_k ? h - hq : h;
@@ -351,10 +399,10 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS) study_rope(const Params
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      if (h0 + u * blockDim.y >= hend) continue;
+      if (h0 + u * lanes >= hend) continue;
       if (rotary) {
         if constexpr (!COMPUTED) {
-          if ((FLAGS & RELOAD_TABLE) || !have_angles) {
+          if ((FLAGS & RELOAD_TABLE) || !have_angles) {  // RELOAD_TABLE: again for every head
             if (!have_angles) pos = token_position(p, b, s);
             if constexpr (SPLIT) {
               load_table_split<TT, V>(p, pos, elem, first_half, ang);
@@ -366,9 +414,9 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS) study_rope(const Params
           }
         }
         if constexpr (SPLIT) {
-          rotate_split<T, V>(ang, x[u], y[u]);
+          rotate_split<T, V, LO>(ang, x[u], y[u]);
         } else {
-          rotate<T, V, INTERLEAVED>(ang, x[u], y[u]);
+          rotate<T, V, INTERLEAVED, LO>(ang, x[u], y[u]);
           if constexpr (!INTERLEAVED) store_chunk<T, V, STREAM>(dst[u] + second, y[u]);
         }
       }

@@ -1,0 +1,487 @@
+"""The study kernel's host side, without a GPU: argument checks, the launch plan, the registry
+entries and the study suites.
+
+``apply_rope`` promises that every bad argument raises on the host, before any launch (a kernel
+fault would poison the CUDA context). The dtype, rank, layout and style checks come before the
+device check, so plain CPU tensors reach them. The checks after the device check (rotary_dim,
+positions/offsets, cos/sin, cu_seqlens, k, the position range) are reached with
+:class:`FakeCuda`: CPU tensors that report ``is_cuda``. A fixture replaces every launch-side
+entry point (plan, prepare, launch, SM count) with one that fails the test, so a check that
+moved behind a launch, or went missing, fails here instead of touching a device.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from ports import registry
+from ports.harness.suites import get_suite
+from ports.study import _launch, apply_rope, apply_rope_inplace
+from reference.case import RopeCase
+
+ENTRY_POINTS = [apply_rope, apply_rope_inplace]
+ENTRY_IDS = ["apply_rope", "apply_rope_inplace"]
+STUDY_NAMES = {"study.rope", "study.rope_computed", "study.rope_inplace"}
+PLAN = _launch.plan  # the real plan, kept before the no_launch fixture replaces it
+
+
+class FakeCuda(torch.Tensor):
+    """A CPU tensor that claims to be a CUDA tensor, so the host checks after the device check
+    run on this GPU-less machine. Used only where a check must raise before any launch."""
+
+    is_cuda = property(lambda self: True)
+
+
+def fake(t: torch.Tensor) -> FakeCuda:
+    return t.as_subclass(FakeCuda)
+
+
+def rand(*shape, dtype=torch.float32) -> torch.Tensor:
+    """Fresh random values (never zeros)."""
+    return (torch.randn(*shape) + 0.5).to(dtype)
+
+
+@pytest.fixture(autouse=True)
+def no_launch(monkeypatch):
+    """Any attempt to plan, compile or launch is a test failure (the checks come first)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("reached the launch side: the host checks should have raised first")
+
+    for name in ("plan", "prepare", "launch", "sm_count"):
+        monkeypatch.setattr(_launch, name, refuse)
+
+
+# ---- checks before the device check: plain CPU tensors -------------------------------------------
+@pytest.mark.parametrize("fn", ENTRY_POINTS, ids=ENTRY_IDS)
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "bhsd"])
+def test_cpu_tensor_is_refused(fn, layout):
+    """A well-formed CPU q is refused with a message naming the device."""
+    with pytest.raises(ValueError, match="q must be a CUDA tensor, got a tensor on cpu"):
+        fn(rand(2, 4, 3, 8), layout=layout)
+
+
+def test_cpu_thd_tensor_is_refused():
+    q = rand(6, 2, 8)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        apply_rope(q, layout="thd", cu_seqlens=torch.tensor([0, 2, 6], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("fn", ENTRY_POINTS, ids=ENTRY_IDS)
+@pytest.mark.parametrize("dtype,name", [(torch.int64, "int64"), (torch.int32, "int32"),
+                                        (torch.float64, "float64"), (torch.bool, "bool")])
+def test_wrong_dtype_is_a_type_error(fn, dtype, name):
+    """Integer, bool and fp64 inputs: TypeError naming the dtype and the supported ones."""
+    q = torch.randint(1, 5, (2, 4, 3, 8)).to(dtype)
+    with pytest.raises(TypeError, match=f"q has dtype {name}; apply_rope supports float32, "
+                                        "float16 and bfloat16"):
+        fn(q)
+
+
+@pytest.mark.parametrize("q", [[[1.0, 2.0]], 3.0, None], ids=["list", "float", "None"])
+def test_non_tensor_is_a_type_error(q):
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        apply_rope(q)
+
+
+@pytest.mark.parametrize("layout,shape,rank", [
+    ("bshd", (2, 4, 8), 4), ("sbhd", (2, 4, 3, 8, 1), 4), ("bhsd", (8,), 4),
+    ("thd", (2, 4, 3, 8), 3), ("thd", (8, 16), 3),
+])
+def test_wrong_rank_is_a_value_error(layout, shape, rank):
+    """The message gives the expected rank, the layout's dims and the shape received."""
+    with pytest.raises(ValueError, match=rf"q must be {rank}-D \[.*\] for layout '{layout}', "
+                                         rf"got shape \({shape[0]},"):
+        apply_rope(rand(*shape), layout=layout)
+
+
+@pytest.mark.parametrize("layout", ["BSHD", "bsdh", "tdh", ""])
+def test_bad_layout_string(layout):
+    with pytest.raises(ValueError, match=r"unknown layout .*expected one of .*'bshd'"):
+        apply_rope(rand(2, 4, 3, 8), layout=layout)
+
+
+@pytest.mark.parametrize("style", ["neox", "gptj", "rotate-half", "Interleaved"])
+def test_bad_style_string(style):
+    with pytest.raises(ValueError, match=r"unknown style .*expected one of .*'rotate_half'"):
+        apply_rope(rand(2, 4, 3, 8), style=style)
+
+
+def test_layout_is_checked_before_the_tensor():
+    """Layout and style strings are checked first: even a non-tensor q gets the layout error."""
+    with pytest.raises(ValueError, match="unknown layout"):
+        apply_rope("not a tensor", layout="nope")
+
+
+# ---- checks after the device check: FakeCuda -----------------------------------------------------
+def test_fake_cuda_reaches_past_the_device_check():
+    """Guard for the tests below: FakeCuda really passes the device check (a plain CPU tensor
+    with the same bad rotary_dim stops at the device check instead)."""
+    q = rand(2, 4, 3, 8)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        apply_rope(q, rotary_dim=7)
+    with pytest.raises(ValueError, match="rotary_dim"):
+        apply_rope(fake(q), rotary_dim=7)
+
+
+@pytest.mark.parametrize("fn", ENTRY_POINTS, ids=ENTRY_IDS)
+@pytest.mark.parametrize("rotary_dim", [7, 1, 10, 16, 0, -2, 4.0, "8"])
+def test_rotary_dim_odd_too_large_or_not_an_int(fn, rotary_dim):
+    """head_dim is 8: odd, > 8, <= 0 and non-int rotary_dims are refused."""
+    with pytest.raises(ValueError, match=r"rotary_dim must be even and in \(0, head_dim=8\]"):
+        fn(fake(rand(2, 4, 3, 8)), rotary_dim=rotary_dim)
+
+
+@pytest.mark.parametrize("offsets", [3, torch.tensor([1, 2])], ids=["int", "tensor"])
+def test_positions_and_offsets_together(offsets):
+    q = fake(rand(2, 4, 3, 8))
+    positions = torch.randint(0, 4, (2, 4))
+    with pytest.raises(ValueError, match="not both"):
+        apply_rope(q, positions=positions, offsets=offsets)
+
+
+@pytest.mark.parametrize("which", ["cos", "sin"])
+def test_cos_without_sin(which):
+    table = rand(16, 8)
+    with pytest.raises(ValueError, match="pass both cos and sin, or neither"):
+        apply_rope(fake(rand(2, 4, 3, 8)), **{which: table})
+
+
+def test_last_dim_must_be_contiguous():
+    q = fake(rand(2, 4, 3, 16)[..., ::2])
+    with pytest.raises(ValueError, match=r"last dimension must be contiguous .*\.contiguous\(\)"):
+        apply_rope(q)
+
+
+def test_k_must_match_q():
+    q = fake(rand(2, 4, 3, 8))
+    with pytest.raises(TypeError, match="k has dtype"):
+        apply_rope(q, fake(rand(2, 4, 3, 8, dtype=torch.float16)))
+    with pytest.raises(ValueError, match="must match in every dimension but heads"):
+        apply_rope(q, fake(rand(2, 5, 3, 8)))
+    with pytest.raises(ValueError, match="must match in every dimension but heads"):
+        apply_rope(q, fake(rand(2, 4, 3, 6)))
+    with pytest.raises(ValueError, match="same memory"):
+        apply_rope(q, q)
+    with pytest.raises(ValueError, match="k must be 4-D"):
+        apply_rope(q, fake(rand(8, 3, 8)))
+
+
+def test_thd_needs_well_formed_cu_seqlens():
+    q = fake(rand(6, 2, 8))
+    with pytest.raises(ValueError, match="needs cu_seqlens"):
+        apply_rope(q, layout="thd")
+    for bad in (torch.tensor([0, 2, 6]),                             # int64
+                torch.tensor([6], dtype=torch.int32),                 # one entry
+                torch.tensor([[0, 6]], dtype=torch.int32),            # 2-D
+                [0, 2, 6]):                                           # not a tensor
+        with pytest.raises(ValueError, match="cu_seqlens must be"):
+            apply_rope(q, layout="thd", cu_seqlens=bad)
+    with pytest.raises(ValueError, match="only apply to layout 'thd'"):
+        apply_rope(fake(rand(2, 3, 2, 8)), cu_seqlens=torch.tensor([0, 3], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("cu", [[0, 2, 5], [0, 2, 7], [1, 2, 6], [0, 4, 2, 6]])
+def test_cu_seqlens_must_rise_from_zero_to_t(cu):
+    q = fake(rand(6, 2, 8))
+    with pytest.raises(ValueError, match="cu_seqlens must rise from 0 to t = 6"):
+        apply_rope(q, layout="thd", cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+                   cos=rand(16, 8), sin=rand(16, 8))
+
+
+def test_position_tensors_are_checked():
+    q = fake(rand(2, 4, 3, 8))
+    with pytest.raises(TypeError, match="positions must be int32 or int64"):
+        apply_rope(q, positions=torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="positions must have shape"):
+        apply_rope(q, positions=torch.zeros(4, 2, dtype=torch.int64))
+    with pytest.raises(TypeError, match="offsets must be int32 or int64"):
+        apply_rope(q, offsets=torch.zeros(2))
+    with pytest.raises(ValueError, match="offsets must have shape"):
+        apply_rope(q, offsets=torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(TypeError, match="offsets must be an int or an int tensor"):
+        apply_rope(q, offsets=1.5)
+
+
+def test_tables_are_checked():
+    q = fake(rand(2, 4, 3, 8))
+    with pytest.raises(TypeError, match="cos has dtype int64"):
+        apply_rope(q, cos=torch.ones(16, 8, dtype=torch.int64), sin=rand(16, 8))
+    with pytest.raises(TypeError, match="sin has dtype float64"):
+        apply_rope(q, cos=rand(16, 8), sin=rand(16, 8, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"cos must be \[max_position, rotary_dim=8\]"):
+        apply_rope(q, cos=rand(16, 6), sin=rand(16, 6))
+    with pytest.raises(ValueError, match=r"must be \[max_position"):
+        apply_rope(q, cos=rand(16, 8, 1), sin=rand(16, 8, 1))
+    with pytest.raises(ValueError, match="must match"):
+        apply_rope(q, cos=rand(16, 8), sin=rand(16, 4))
+    with pytest.raises(ValueError, match="must match"):
+        apply_rope(q, cos=rand(16, 8), sin=rand(16, 8, dtype=torch.float16))
+
+
+def test_computed_angle_arguments_are_checked():
+    q = fake(rand(2, 4, 3, 8))
+    with pytest.raises(ValueError, match="inv_freq must be a tensor"):
+        apply_rope(q, inv_freq=torch.ones(8, dtype=torch.float64))
+    for base in (0.0, -10.0, float("nan")):
+        with pytest.raises(ValueError, match="base must be positive"):
+            apply_rope(q, base=base)
+
+
+@pytest.mark.parametrize("kwargs,lo_hi", [
+    (dict(), "[0, 4]"),                                              # arange, seqlen 5 > 4 rows
+    (dict(offsets=1), "[1, 5]"),
+    (dict(offsets=-1), "[-1, 3]"),
+    (dict(offsets=torch.tensor([0, 2])), "[0, 6]"),
+    (dict(positions=torch.tensor([[0, 1, 2, 3, 3], [0, 1, 2, 3, 9]])), "[0, 9]"),
+    (dict(positions=torch.tensor([0, 1, -2, 3, 3], dtype=torch.int32)), "[-2, 3]"),
+])
+def test_positions_past_the_table_raise_index_error(kwargs, lo_hi):
+    """Every position must index a row of the 4-row table; the message gives the range."""
+    q = fake(rand(2, 5, 3, 8))
+    with pytest.raises(IndexError, match=re.escape(f"positions reach {lo_hi} but cos/sin have "
+                                                   "4 rows")):
+        apply_rope(q, cos=rand(4, 8), sin=rand(4, 8), **kwargs)
+
+
+def test_thd_longest_sequence_past_the_table():
+    q = fake(rand(7, 2, 8))
+    cu = torch.tensor([0, 2, 7], dtype=torch.int32)  # the longest sequence has 5 tokens
+    with pytest.raises(IndexError, match=r"positions reach \[0, 4\] but cos/sin have 4 rows"):
+        apply_rope(q, layout="thd", cu_seqlens=cu, cos=rand(4, 8), sin=rand(4, 8))
+
+
+# ---- the vector width ---------------------------------------------------------------------------
+def _vw(elem=2, units=(64,), strides=(8192, 512, 128), addresses=(0x10000, 0x20000),
+        table_elem=4, per_chunk=lambda v: v, table_stride=128, table_address=0x30000,
+        minimum=1):
+    return _launch.vector_width(elem, tuple(units), tuple(strides), tuple(addresses), table_elem,
+                                per_chunk, table_stride, table_address, minimum)
+
+
+def test_aligned_bf16_gets_16_byte_accesses():
+    """bf16, R/2 = 64 (% 8 == 0), aligned tensors and fp32 tables: V = 8 (16 bytes)."""
+    assert _vw() == 8
+    assert _vw(units=(8,)) == 8
+    assert _vw(table_elem=2) == 8                 # bf16 tables
+    assert _vw(table_elem=0, per_chunk=lambda v: 1, table_stride=1, table_address=0) == 8
+    assert _vw(elem=4) == 4                       # fp32: 4 x 4 bytes
+
+
+@pytest.mark.parametrize("units,want", [((12,), 4), ((46,), 2), ((23,), 1), ((64, 12), 4),
+                                        ((64, 2), 2), ((64, 1), 1)])
+def test_rotary_or_tail_not_divisible_narrows_the_vector(units, want):
+    assert _vw(units=units) == want
+
+
+@pytest.mark.parametrize("stride,want", [(8196, 4), (8194, 2), (8193, 1), (644, 4), (93, 1)])
+def test_odd_strides_narrow_the_vector(stride, want):
+    assert _vw(strides=(stride, 512, 128)) == want
+
+
+@pytest.mark.parametrize("offset,want", [(8, 4), (4, 2), (2, 1)])
+def test_misaligned_addresses_narrow_the_vector(offset, want):
+    assert _vw(addresses=(0x10000, 0x20000 + offset)) == want
+
+
+@pytest.mark.parametrize("table_address,table_stride,want", [
+    (0x30000 + 8, 128, 2),    # 8-byte aligned rows: 2 fp32 table elements per access
+    (0x30000 + 4, 128, 1),
+    (0x30000, 132, 4),        # row stride only divisible by 4
+    (0x30000, 129, 1),
+])
+def test_table_alignment_narrows_the_vector(table_address, table_stride, want):
+    assert _vw(table_address=table_address, table_stride=table_stride) == want
+
+
+def test_interleaved_needs_pairs_in_one_access():
+    """With minimum 2 (interleaved) a layout that only allows V = 1 gives 0; V = 2 still works."""
+    inter = dict(units=(128,), minimum=2)
+    assert _vw(**inter) == 8
+    assert _vw(strides=(8193, 512, 128), **inter) == 0
+    assert _vw(addresses=(0x10000, 0x20002), **inter) == 0
+    assert _vw(elem=4, strides=(8193, 512, 128), **inter) == 0
+    assert _vw(strides=(8194, 512, 128), **inter) == 2
+    # one-angle-per-pair tables read V/2 elements per chunk
+    assert _vw(per_chunk=lambda v: v // 2, table_stride=64, **inter) == 8
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_vector_width_satisfies_every_constraint(seed):
+    """Random problems: the chosen V is a power of two of at most 16 bytes that divides every
+    unit and stride and aligns every address; a wider V would break one of those."""
+    g = torch.Generator().manual_seed(seed)
+    pick = lambda *xs: xs[int(torch.randint(len(xs), (1,), generator=g))]
+    elem = pick(2, 4)
+    units = (pick(64, 46, 24, 12, 8, 3),)
+    strides = tuple(pick(8192, 8194, 8196, 4100, 129, 6) for _ in range(3))
+    addresses = tuple(0x10000 + pick(0, 2, 4, 8, 16) * (elem // 2) for _ in range(2))
+    v = _vw(elem=elem, units=units, strides=strides, addresses=addresses, table_elem=0,
+            per_chunk=lambda v: 1, table_stride=1, table_address=0)
+
+    def ok(v):
+        return (all(u % v == 0 for u in units) and all(s % v == 0 for s in strides)
+                and all(a % (v * elem) == 0 for a in addresses))
+
+    assert v >= 1 and v & (v - 1) == 0 and v * elem <= 16
+    assert ok(v)
+    assert 2 * v * elem > 16 or not ok(2 * v)
+
+
+# ---- the plan (sm count faked) ------------------------------------------------------------------
+def _plan(monkeypatch, shape=(2, 16, 4, 128), dtype=torch.bfloat16, rotary_dim=None, k_heads=None,
+          interleaved=False, computed=False, in_place=False, src_strides=None, **kw):
+    monkeypatch.setattr(_launch, "sm_count", lambda index: 132)
+    b, s, h, d = shape
+    rot = d if rotary_dim is None else rotary_dim
+    ops = []
+    for heads in (h,) + ((k_heads,) if k_heads else ()):
+        x = rand(b, s, heads, d, dtype=dtype)
+        out = x if in_place else torch.empty_like(x)
+        st = lambda t: (t.stride(0), t.stride(1), t.stride(2))
+        ops.append(_launch.Operand(x, out, heads, src_strides or st(x), st(out)))
+    tables = None if computed else (rand(s, rot), rand(s, rot), False)
+    return PLAN(operands=ops, batch=b, seqlen=s, head_dim=d, rotary_dim=rot,
+                interleaved=interleaved, tables=tables, computed=computed, in_place=in_place,
+                **kw)
+
+
+def test_kernel_name_is_the_template_instantiation():
+    assert (_launch.kernel_name(torch.bfloat16, torch.float32, 8, False, True, 32, 4)
+            == "study_rope<__nv_bfloat16, float, 8, false, true, int, 4, 0>")
+    assert (_launch.kernel_name(torch.float16, torch.float16, 2, True, False, 64, 1, 5)
+            == "study_rope<__half, __half, 2, true, false, long long, 1, 5>")
+
+
+@pytest.mark.parametrize("shape,k_heads,rotary_dim,computed", [
+    ((2, 16, 4, 128), None, None, False),
+    ((64, 1, 32, 128), 8, None, False),        # decode step, GQA
+    ((4, 512, 32, 128), 32, None, False),      # prefill-like
+    ((3, 61, 7, 92), 3, None, False),          # odd sizes
+    ((2, 37, 5, 80), None, 48, True),          # partial rotary, computed angles
+    ((1, 300, 1, 256), None, 64, True),
+])
+def test_plan_covers_the_problem_within_block_limits(monkeypatch, shape, k_heads, rotary_dim,
+                                                     computed):
+    """Grid x block covers every token, sequence, head and chunk; blocks stay within 256
+    threads; computed angles fit their shared memory."""
+    b, s, h, d = shape
+    p = _plan(monkeypatch, shape, rotary_dim=rotary_dim, k_heads=k_heads, computed=computed)
+    chunks, lanes, tokens = p.block
+    assert chunks * lanes * tokens <= _launch.THREADS_PER_BLOCK
+    assert chunks == p.rot_chunks + p.tail_chunks
+    rot = d if rotary_dim is None else rotary_dim
+    # a thread per chunk of the R rotated channels, or of one half (partners loaded alongside)
+    assert p.rot_chunks * p.vector in (rot // 2, rot)
+    assert p.tail_chunks * p.vector == d - rot
+    assert p.grid[0] * tokens >= s and p.grid[1] == b
+    htot = h + (k_heads or 0)
+    assert p.grid[2] * p.heads_per_split >= htot
+    assert (p.grid[2] - 1) * p.heads_per_split < htot     # no empty head split
+    if computed:
+        assert 0 < p.shared_mem <= _launch.SMEM_LIMIT
+        assert p.shared_mem >= 2 * rot * 4 * tokens  # cos and sin rows [R] fp32 per token
+    else:
+        assert p.shared_mem == 0
+    assert p.kernel == _launch.kernel_name(torch.bfloat16, torch.float32, p.vector, False,
+                                           computed, p.index_bits, p.unroll)
+
+
+def test_plan_bf16_gets_16_byte_vectors_and_32_bit_offsets(monkeypatch):
+    p = _plan(monkeypatch)
+    assert p.vector == 8 and p.index_bits == 32
+    assert "int, " in p.kernel and "long long" not in p.kernel
+
+
+def test_plan_in_place_skips_the_tail(monkeypatch):
+    assert _plan(monkeypatch, rotary_dim=64).tail_chunks == 64 // 8
+    assert _plan(monkeypatch, rotary_dim=64, in_place=True).tail_chunks == 0
+
+
+def test_plan_uses_64_bit_offsets_past_int32(monkeypatch):
+    """Strides whose largest offset passes 2^31 - 1 select the 64-bit instantiation (the plan
+    reads strides only; nothing is allocated at that size)."""
+    p = _plan(monkeypatch, src_strides=(2**31, 512, 128))
+    assert p.index_bits == 64 and "long long" in p.kernel
+    assert _plan(monkeypatch, index_bits=64).index_bits == 64  # the int64_index ablation
+
+
+def test_plan_refuses_interleaved_with_odd_strides(monkeypatch):
+    with pytest.raises(ValueError, match="interleaved RoPE needs each pair in one aligned access"):
+        _plan(monkeypatch, interleaved=True, src_strides=(8193, 513, 129))
+    p = _plan(monkeypatch, interleaved=False, src_strides=(8193, 513, 129))
+    assert p.vector == 1  # rotate-half falls back to scalar accesses
+
+
+def test_plan_vector_cap(monkeypatch):
+    assert _plan(monkeypatch, vector_cap=1).vector == 1
+    assert _plan(monkeypatch, vector_cap=1, interleaved=True).vector == 2  # pairs stay whole
+
+
+def test_plan_refuses_rows_wider_than_a_block(monkeypatch):
+    """A row that needs more chunk threads than a block holds is refused on the host."""
+    with pytest.raises(ValueError, match="threads per row"):
+        _plan(monkeypatch, shape=(1, 4, 1, 1024), src_strides=(4097, 1025, 1025))
+
+
+# ---- the registry ------------------------------------------------------------------------------
+def test_study_specs_are_registered():
+    assert {s.name for s in registry.select(["study"])} == STUDY_NAMES
+    for name in STUDY_NAMES:
+        spec = registry.get(name)
+        assert spec.family == "study" and spec.kind != "ablation" and spec.backend == "cupy"
+
+
+def test_ablations_run_only_when_named():
+    default = registry.select()
+    assert STUDY_NAMES <= {s.name for s in default}
+    assert not [s.name for s in default if s.kind == "ablation" or s.family == "study-ablation"]
+    ablations = registry.select(["study-ablation"])
+    assert len(ablations) >= 5
+    assert all(s.kind == "ablation" and s.name.startswith("study-ablation.") for s in ablations)
+    one = registry.select(["study-ablation.scalar_access"])
+    assert [s.name for s in one] == ["study-ablation.scalar_access"]
+    assert not {s.name for s in registry.select(["study"])} & {s.name for s in ablations}
+
+
+@pytest.mark.parametrize("spec", registry.select(["study", "study-ablation"]),
+                         ids=lambda s: s.name)
+def test_study_specs_describe_their_design(spec):
+    for field in ("summary", "launch", "access", "math", "per_thread", "upstream"):
+        value = getattr(spec, field)
+        assert isinstance(value, str) and value.strip(), f"{spec.name}.{field} is empty"
+
+
+def test_study_spec_support():
+    """The study kernel takes every smoke/crossval case on a GPU (computed angles: not the
+    asymmetric ones), says why not on a CPU, and refuses fp64 tables."""
+    cases = get_suite("smoke") + get_suite("crossval")
+    for spec in registry.select(["study"]):
+        for case in cases:
+            reason = spec.unsupported_reason(case, {"cuda"})
+            if spec.name == "study.rope_computed" and case.asymmetric:
+                assert reason, case.describe()
+            else:
+                assert reason is None, (spec.name, case.describe(), reason)
+            assert "NVIDIA GPU" in spec.unsupported_reason(case, {"cpu"})
+    fp64_tables = RopeCase(2, 8, 2, 16, cos_sin_dtype="fp64")
+    assert "fp64" in registry.get("study.rope").unsupported_reason(fp64_tables, {"cuda"})
+    assert registry.get("study.rope_computed").unsupported_reason(fp64_tables, {"cuda"}) is None
+    assert registry.get("study.rope_computed").table_source == "computed"
+
+
+# ---- the study suites ---------------------------------------------------------------------------
+def test_ablation_suite_has_cases_every_study_spec_runs():
+    cases = get_suite("ablation")
+    assert cases and all(isinstance(c, RopeCase) for c in cases)
+    for spec in registry.select(["study", "study-ablation"]):
+        for case in cases:
+            assert spec.unsupported_reason(case, {"cuda"}) is None, (spec.name, case.describe())
+
+
+@pytest.mark.parametrize("name", ["smoke", "crossval", "decode", "partial", "positions", "varlen",
+                                  "gqa", "interleaved", "qkv", "long", "ablation"])
+def test_study_suites_exist(name):
+    cases = get_suite(name)
+    assert cases and all(isinstance(c, RopeCase) for c in cases)
