@@ -168,6 +168,9 @@ def plan(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, rot
             f"and every tensor (and cos/sin row) {2 * elem}-byte aligned; got strides "
             f"{sorted(set(strides))}")
     split = interleaved or not flags & BOTH_HALVES  # a thread per chunk of the R channels
+    if split and not interleaved and (rotary_dim + tail) // v > THREADS_PER_BLOCK:
+        flags |= BOTH_HALVES  # rows wider than a block: a thread takes a chunk of each half
+        split = False
     rot_chunks = (rotary_dim if split else half) // v
     tail_chunks = tail // v
     chunks = rot_chunks + tail_chunks
