@@ -80,12 +80,12 @@ def kernel_name(dtype: torch.dtype, table_dtype: torch.dtype, vector: int, inter
             f"{str(interleaved).lower()}, {str(computed).lower()}, {idx}, {unroll}, {flags}>")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _source() -> str:
     return _cupy.read_source(__package__, FILENAME)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _function_ptr(device_index: int, name: str) -> int:
     """Compile one instantiation for the device (once) and return its CUfunction."""
     fn = _cupy._load(device_index, _source(), FILENAME, tuple(OPTIONS), (name,))[name]
@@ -96,7 +96,7 @@ def _function_ptr(device_index: int, name: str) -> int:
 _keepalive: list = []
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 

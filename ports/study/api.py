@@ -338,7 +338,7 @@ def _launches(p: _Problem, xs, outs, in_place: bool, backward: bool, cos, sin):
 class _Call:
     """The per-call tensors and scalars of a validated problem."""
 
-    __slots__ = ("cos", "sin", "inv_freq", "positions", "cu_seqlens", "pos_add")
+    __slots__ = ("cos", "cu_seqlens", "inv_freq", "pos_add", "positions", "sin")
 
     def __init__(self, p: _Problem, q, cos, sin, positions, offsets, cu_seqlens, inv_freq):
         if p.tables_need_copy:

@@ -89,15 +89,17 @@ _COMMON = dict(
 SPECS = [
     ImplSpec(name="study.rope", prepare=_preparer(), check=_table_check,
              summary="the study's kernel: given cos/sin, q and k in one launch",
-             math="fp32, cos/sin loaded once per token, reused across heads", **_COMMON),
+             math="fp32 (Kahan for fp32 out), table chunk loaded once per token, reused by heads",
+             **_COMMON),
     ImplSpec(name="study.rope_computed", prepare=_preparer(computed=True),
              summary="the study's kernel: angles computed once per token in fp64",
              table_source="computed", angle_rel_err=ANGLE_REL_ERR_FP64,
-             math="fp64 pos*inv_freq and sincos into shared memory, fp32 rotation",
+             math="fp64 pos*inv_freq and sincos once per token into shared memory, fp32 rotation",
              **dict(_COMMON, asymmetric_tables=False)),
     ImplSpec(name="study.rope_inplace", prepare=_preparer(in_place=True), check=_table_check,
              summary="the study's kernel in place (apply_rope_inplace)",
-             math="fp32, cos/sin loaded once per token, reused across heads", **_COMMON),
+             math="fp32 (Kahan for fp32 out), table chunk loaded once per token, reused by heads",
+             **_COMMON),
 ]
 
 
@@ -143,4 +145,4 @@ def _ablations() -> list[ImplSpec]:
 ABLATION_SPECS = _ablations()
 SPECS = SPECS + ABLATION_SPECS
 
-__all__ = ["SPECS", "ABLATION_SPECS"]
+__all__ = ["ABLATION_SPECS", "SPECS"]

@@ -4,16 +4,20 @@
 // Thread map (no integer division on the hot path):
 //   grid  (ceil(S / blockDim.z), B, head_splits)   token-in-sequence blocks x sequences x head ranges
 //   block (chunks, head_lanes, tokens)              chunk threads x head lanes x tokens
-// A chunk thread owns V elements of one half (rotate-half: elements [cV, cV+V) and their partners
-// [R/2 + cV, ...); interleaved: the V/2 pairs in [cV, cV+V)). It loads its cos/sin once and then
-// walks the heads of its token, UNROLL heads per step (all loads first, then math and stores):
-// the cos/sin are reused across heads (and across q and k). Chunks past the rotary ones copy the
+// A chunk thread owns V elements (16 bytes when sizes and strides allow). Rotate-half: V elements
+// of one half, plus a load of their partners in the other half (BOTH_HALVES, used in place and
+// for rows wider than a block: V elements of each half). Interleaved: the V/2 pairs of its chunk.
+// It walks the heads of its token, UNROLL heads per step (all loads first, then math and stores),
+// reusing its cos/sin for every head of q and k. Chunks past the rotary ones copy the
 // pass-through tail [R, D) bit-exactly (out-of-place calls only).
 //
 // Positions: 0..S-1 (+ a per-sequence offset, or a scalar), or per-token ids; thd finds each
-// token's sequence by binary search over cu_seqlens. cos/sin come from tables [L, R] or [L, R/2]
-// (rows clamped to [0, L): the host checks the range, the clamp keeps a skipped check in bounds)
-// or are computed once per token into shared memory in fp64 (exact angle, then one rounding).
+// token's sequence by binary search over cu_seqlens. cos/sin either come from tables [L, R] or
+// [L, R/2], each thread loading its chunk once after its first rows are in flight (rows clamped
+// to [0, L): the host checks the range, the clamp keeps a skipped check in bounds), or are
+// computed once per token, before any data load, into shared memory: pos * inv_freq and sincos
+// in fp64, rounded once (fp32 outputs keep a hi + lo pair). Math is fp32 with one rounding at the
+// store; fp32 outputs use Kahan's FMA product sum so they stay within one rounding step.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
