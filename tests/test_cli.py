@@ -144,7 +144,7 @@ def test_result_row_formats():
     ok = Result("a", "f", "port", "ok", max_abs_err=1.5e-3, max_rel_err=2e-4, err_over_tol=0.5,
                 median_us=12.34, gbps=1000.4, pct_copy=33.3, speedup=2.0)
     assert report.result_row(ok) == ["a", "ok", "1.50e-03", "2.00e-04", "0.50", "12.3", "1000",
-                                     "33.3", "2.00"]
+                                     "33.3", "2.00", "n/a"]  # no torch.compile time: n/a
     un = Result("b", "f", "port", "unsupported", "no backward")
     row = report.result_row(un)
     assert row[1] == "unsupported: no backward" and set(row[2:]) == {"unsupported"}

@@ -92,7 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--summary", metavar="RESULTS_JSON",
                        help="pivot a --json results file: implementations x cases")
     which.add_argument("--summary-value", default="pct_copy",
-                       choices=["pct_copy", "median_us", "graph_us", "gbps", "err_over_tol"])
+                       choices=["pct_copy", "pct_size_copy", "median_us", "graph_us", "gbps",
+                                "err_over_tol", "vs_compile", "graph_vs_compile"])
     which.add_argument("--design", nargs="?", const="", metavar="RESULTS_JSON",
                        help="print the design-notes table; with a --json results file of the "
                             "prefill suite, add each implementation's median %% of copy")

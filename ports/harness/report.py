@@ -12,7 +12,10 @@ from ports._spec import ImplSpec
 from ports.harness.study import CaseReport, Result
 
 RESULT_HEADERS = ("implementation", "check", "max abs err", "max rel err", "err/tol",
-                  "median us", "GB/s", "% copy", "vs eager")
+                  "median us", "GB/s", "% copy", "vs eager", "÷ compile")
+# --summary-value formats; the rest take .1f
+SUMMARY_FORMATS = {"pct_copy": ".0f", "pct_size_copy": ".0f", "vs_compile": ".2f",
+                   "graph_vs_compile": ".2f"}
 
 
 def _num(value: float | None, fmt: str, missing: str) -> str:
@@ -24,10 +27,12 @@ def result_row(r: Result, graph: bool = False) -> list[str]:
     if r.status in ("unsupported", "error", "OOM"):
         word = {"unsupported": "unsupported", "error": "error", "OOM": "OOM"}[r.status]
         check = f"{word}: {r.reason}" if r.status != "OOM" else f"OOM: {r.reason}"
-        cells = [word] * (len(RESULT_HEADERS) - 2 + (1 if graph else 0))
+        cells = [word] * (len(RESULT_HEADERS) - 2 + (2 if graph else 0))
         return [r.impl, check, *cells]
     check = "ok" if r.status == "ok" else f"FAIL: {r.reason}"
     no_time = "failed" if r.status != "ok" else ("no GPU" if r.timing_note else "n/a")
+    # a timed row without a ratio lacks the other row's time; an untimed one says why it has none
+    ratio_missing = "n/a" if r.median_us is not None else no_time
     row = [
         r.impl, check,
         _num(r.max_abs_err, ".2e", "n/a"),
@@ -41,7 +46,10 @@ def result_row(r: Result, graph: bool = False) -> list[str]:
         _num(r.gbps, ".0f", no_time),
         _num(r.pct_copy, ".1f", no_time),
         _num(r.speedup, ".2f", "baseline n/a" if r.median_us is not None else no_time),
+        _num(r.vs_compile, ".2f", ratio_missing),
     ]
+    if graph:
+        row.append(_num(r.graph_vs_compile, ".2f", ratio_missing))
     return row
 
 
@@ -58,11 +66,15 @@ def case_table(report: CaseReport, graph: bool = False, fmt: str = "github") -> 
     headers = list(RESULT_HEADERS)
     if graph:
         headers.insert(6, "graph us")
+        headers.append("graph ÷ compile")
     title = f"## {case.label + ': ' if case.label else ''}{case.describe()}"
+    same = report.copy_same_us
     lines = [title,
              f"bytes moved {_bytes(case.io_bytes())} (read + write of every rotated tensor; "
              "tables excluded)"
              + (f"; copy bandwidth {report.copy_gbps:.0f} GB/s" if report.copy_gbps else "")
+             + (f"; same-size copy {same:.1f} us ({case.io_bytes() / (same * 1e3):.0f} GB/s)"
+                if same else "")
              + (f"; speed-up vs {report.baseline}" if report.baseline else "; no eager baseline")]
     rows = [result_row(r, graph) for r in report.results]
     lines.append(tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True))
@@ -79,7 +91,8 @@ def flat_rows(reports: Iterable[CaseReport], meta: dict[str, str]) -> list[dict]
         for r in rep.results:
             rows.append({**meta, **case_fields, "case": rep.case.describe(),
                          "io_bytes": rep.case.io_bytes(), "copy_gbps": rep.copy_gbps,
-                         "baseline": rep.baseline, **r.as_dict()})
+                         "copy_same_us": rep.copy_same_us, "baseline": rep.baseline,
+                         **r.as_dict()})
     return rows
 
 
@@ -203,8 +216,8 @@ def prefill_pct_copy(rows: Sequence[dict]) -> dict[str, float]:
 
 def summary_table(rows: Sequence[dict], value: str = "pct_copy", fmt: str = "github") -> str:
     """Cases (rows) against implementations (columns) from a results file: one number per cell
-    (``value``, e.g. ``pct_copy`` or ``median_us``), or the short status where there is none.
-    Implementations that ran on no case are left out."""
+    (``value``, e.g. ``pct_copy``, ``median_us`` or ``vs_compile``), or the short status where
+    there is none. Implementations that ran on no case are left out."""
     cases = list(dict.fromkeys(r["case"] for r in rows))
     cell = {(r["impl"], r["case"]): r for r in rows}
     impls = [i for i in dict.fromkeys(r["impl"] for r in rows)
@@ -218,7 +231,7 @@ def summary_table(rows: Sequence[dict], value: str = "pct_copy", fmt: str = "git
                 line.append("")
             elif r.get(value) is not None:
                 v = float(r[value])
-                line.append(f"{v:.0f}" if value == "pct_copy" else f"{v:.1f}")
+                line.append(format(v, SUMMARY_FORMATS.get(value, ".1f")))
             else:
                 line.append({"unsupported": "-"}.get(r["status"], r["status"]))
         body.append(line)

@@ -21,6 +21,7 @@ from reference.case import RopeCase, RopeInputs, make_inputs
 from reference.expected import expected, tolerances
 
 STATUSES = ("ok", "FAIL", "unsupported", "error", "OOM")
+COMPILE = "torch.compile(hf_rotate_half)"  # the row that vs_compile divides by
 
 
 @dataclass
@@ -39,7 +40,10 @@ class Result:
     graph_us: float | None = None
     gbps: float | None = None
     pct_copy: float | None = None
+    pct_size_copy: float | None = None  # % of the speed of a copy moving the same bytes
     speedup: float | None = None       # baseline time / this time
+    vs_compile: float | None = None    # this time / torch.compile's (< 1: faster)
+    graph_vs_compile: float | None = None  # the same from graph_us
     timing_note: str = ""              # why there is no time, when status is ok
 
     def as_dict(self) -> dict:
@@ -52,6 +56,7 @@ class CaseReport:
     results: list[Result]
     copy_gbps: float | None
     baseline: str | None
+    copy_same_us: float | None = None  # a device copy moving the case's io_bytes
 
     @property
     def failed(self) -> bool:
@@ -162,8 +167,14 @@ def run_case(case: RopeCase, specs: Sequence[ImplSpec], *, seed: int = 0,
     del inputs
     # Rows that ran come first (baseline on top); unsupported ones after, in registry order.
     results.sort(key=lambda r: r.status == "unsupported")
+    # Inputs are freed: a copy of the case's own size (what small cases can reach), once.
+    copy_same_us = (timing.copy_us(case.io_bytes() // 2, device.index or 0)
+                    if any(r.median_us is not None for r in results) else None)
     _speedups(results, baseline)
-    return CaseReport(case, results, copy_gbps, baseline.name if baseline else None)
+    _compile_ratios(results)
+    _pct_size_copy(results, copy_same_us)
+    return CaseReport(case, results, copy_gbps, baseline.name if baseline else None,
+                      copy_same_us)
 
 
 def _run_one(case, spec, inputs, targets, timing_on, graph, copy_gbps) -> Result:
@@ -200,12 +211,28 @@ def _run_one(case, spec, inputs, targets, timing_on, graph, copy_gbps) -> Result
             torch.cuda.empty_cache()
 
 
+def _ratio(num: float | None, den: float | None) -> float | None:
+    """``num / den`` where both are real times, else ``None``."""
+    timed = [t is not None and t > 0 and math.isfinite(t) for t in (num, den)]
+    return num / den if all(timed) else None
+
+
 def _speedups(results: list[Result], baseline: ImplSpec | None) -> None:
-    if baseline is None:
-        return
-    base = next((r for r in results if r.impl == baseline.name), None)
-    if base is None or base.median_us is None:
-        return
+    base = next((r for r in results if baseline and r.impl == baseline.name), None)
     for r in results:
-        if r.median_us is not None and r.median_us > 0 and math.isfinite(r.median_us):
-            r.speedup = base.median_us / r.median_us
+        r.speedup = _ratio(base.median_us, r.median_us) if base else None
+
+
+def _compile_ratios(results: list[Result]) -> None:
+    """Each time over torch.compile's in the same case; ``None`` where either is missing."""
+    ref = next((r for r in results if r.impl == COMPILE), None)
+    for r in results:
+        r.vs_compile = _ratio(r.median_us, ref.median_us) if ref else None
+        r.graph_vs_compile = _ratio(r.graph_us, ref.graph_us) if ref else None
+
+
+def _pct_size_copy(results: list[Result], copy_same_us: float | None) -> None:
+    """Each speed as % of a copy moving the case's bytes (its time over this time)."""
+    for r in results:
+        ratio = _ratio(copy_same_us, r.median_us)
+        r.pct_size_copy = None if ratio is None else 100.0 * ratio

@@ -31,14 +31,21 @@ def graph_median_us(fn, *, rep_ms: int = REP_MS) -> float:
 @functools.lru_cache(maxsize=None)
 def copy_bandwidth_gbps(device_index: int = 0, nbytes: int = COPY_BYTES) -> float:
     """Device-to-device copy bandwidth, GB/s counting bytes read plus bytes written."""
+    return 2 * nbytes / (copy_us(nbytes, device_index) * 1e-6) / 1e9
+
+
+def copy_us(nbytes: int, device_index: int = 0) -> float:
+    """Median time of a device-to-device copy of ``nbytes`` (2 x nbytes moved), in microseconds;
+    its buffers are freed before it returns."""
     with torch.cuda.device(device_index):
         us = median_us(_copy_of(nbytes))
         torch.cuda.empty_cache()
-    return 2 * nbytes / (us * 1e-6) / 1e9
+    return us
 
 
 def _copy_of(nbytes: int):
-    """A call that copies ``nbytes`` (half the bytes moved) device to device, on random data."""
+    """A call that copies ``nbytes`` (half the bytes moved) device to device, on random data;
+    its ``args`` are ``(dst, src)``."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
-    return lambda: dst.copy_(src)
+    return functools.partial(torch.Tensor.copy_, dst, src)
