@@ -331,7 +331,8 @@ def test_vector_width_satisfies_every_constraint(seed):
 
 # ---- the plan (sm count faked) ------------------------------------------------------------------
 def _plan(monkeypatch, shape=(2, 16, 4, 128), dtype=torch.bfloat16, rotary_dim=None, k_heads=None,
-          interleaved=False, computed=False, in_place=False, src_strides=None, **kw):
+          interleaved=False, computed=False, in_place=False, src_strides=None,
+          tables_dtype=torch.float32, **kw):
     monkeypatch.setattr(_launch, "sm_count", lambda index: 132)
     b, s, h, d = shape
     rot = d if rotary_dim is None else rotary_dim
@@ -341,7 +342,8 @@ def _plan(monkeypatch, shape=(2, 16, 4, 128), dtype=torch.bfloat16, rotary_dim=N
         out = x if in_place else torch.empty_like(x)
         st = lambda t: (t.stride(0), t.stride(1), t.stride(2))
         ops.append(_launch.Operand(x, out, heads, src_strides or st(x), st(out)))
-    tables = None if computed else (rand(s, rot), rand(s, rot), False)
+    tables = None if computed else (rand(s, rot).to(tables_dtype), rand(s, rot).to(tables_dtype),
+                                    False)
     return PLAN(operands=ops, batch=b, seqlen=s, head_dim=d, rotary_dim=rot,
                 interleaved=interleaved, tables=tables, computed=computed, in_place=in_place,
                 **kw)
@@ -375,7 +377,7 @@ def test_plan_covers_the_problem_within_block_limits(monkeypatch, shape, k_heads
     # a thread per chunk of the R rotated channels, or of one half (partners loaded alongside)
     assert p.rot_chunks * p.vector in (rot // 2, rot)
     assert p.tail_chunks * p.vector == d - rot
-    assert p.grid[0] * tokens >= s and p.grid[1] == b
+    assert p.fold == 0 and p.grid[0] * tokens >= s and p.grid[1] == b  # bshd: no fold
     htot = h + (k_heads or 0)
     assert p.grid[2] * p.heads_per_split >= htot
     assert (p.grid[2] - 1) * p.heads_per_split < htot     # no empty head split
@@ -386,6 +388,23 @@ def test_plan_covers_the_problem_within_block_limits(monkeypatch, shape, k_heads
         assert p.shared_mem == 0
     assert p.kernel == _launch.kernel_name(torch.bfloat16, torch.float32, p.vector, False,
                                            computed, p.index_bits, p.unroll)
+
+
+def test_plan_walks_sbhd_tokens_in_memory_order(monkeypatch):
+    """sbhd strides (the sequence stride outside the batch stride): one grid row over the s * b
+    tokens, b fastest (the kernel recovers b = t % B, s = t / B); bshd keeps grid (s, b)."""
+    b, s, h, d = 4, 300, 8, 128
+    sbhd = (h * d, b * h * d, d)  # (batch, sequence, head) strides of a dense [s, b, h, d]
+    p = _plan(monkeypatch, (b, s, h, d), src_strides=sbhd, computed=True)
+    assert p.fold == b and p.grid[1] == 1 and p.grid[0] * p.block[2] >= s * b
+    assert (p.grid[0] - 1) * p.block[2] < s * b
+    assert _plan(monkeypatch, (b, s, h, d), src_strides=sbhd, dtype=torch.float32).fold == b
+    unfolded = _plan(monkeypatch, (b, s, h, d), src_strides=sbhd, computed=True,
+                     memory_order=False)
+    assert unfolded.fold == 0 and unfolded.grid[1] == b
+    assert _plan(monkeypatch, (1, s, h, d), src_strides=sbhd, computed=True).fold == 0
+    # 16-bit tables keep one sequence per grid row (measured faster)
+    assert _plan(monkeypatch, (b, s, h, d), src_strides=sbhd, tables_dtype=torch.bfloat16).fold == 0
 
 
 def test_plan_bf16_gets_16_byte_vectors_and_32_bit_offsets(monkeypatch):

@@ -40,9 +40,9 @@ MAX_TOKENS_PER_BLOCK = 64       # blockDim.z limit
 SMEM_LIMIT = 16 * 1024          # computed angles: shared cos/sin rows per block
 
 # Params in rope.cu: the per-call part (9 pointers, pos_add) and the per-problem part
-# (16 int64, 12 int32), 256 bytes together.
+# (16 int64, 14 int32), 264 bytes together.
 _DYNAMIC = struct.Struct("<9Qq")
-_STATIC = struct.Struct("<16q12i")
+_STATIC = struct.Struct("<16q14i")
 PARAMS_SIZE = _DYNAMIC.size + _STATIC.size
 
 
@@ -69,6 +69,7 @@ class Plan:
     rot_chunks: int
     tail_chunks: int
     heads_per_split: int
+    fold: int  # B when the grid walks the (s, b) tokens b-fastest (sbhd), else 0
 
 
 def kernel_name(dtype: torch.dtype, table_dtype: torch.dtype, vector: int, interleaved: bool,
@@ -122,10 +123,11 @@ def vector_width(elem_size: int, units: tuple[int, ...], strides: tuple[int, ...
 def plan(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, rotary_dim: int,
          interleaved: bool, tables, computed: bool, in_place: bool, flags: int = 0,
          shape_rule: str = "auto", vector_cap: int | None = None,
-         index_bits: int | None = None, unroll: int | None = None) -> Plan:
+         index_bits: int | None = None, unroll: int | None = None,
+         memory_order: bool = True) -> Plan:
     """Choose the launch for this problem (see the module doc). ``tables`` is
-    ``(cos, sin, half_table)`` or ``None``; ``shape_rule``, ``vector_cap``, ``index_bits`` and
-    ``unroll`` force ablations."""
+    ``(cos, sin, half_table)`` or ``None``; ``shape_rule``, ``vector_cap``, ``index_bits``,
+    ``unroll`` and ``memory_order=False`` force ablations."""
     q = operands[0].src
     elem = q.element_size()
     half = rotary_dim // 2
@@ -172,6 +174,14 @@ def plan(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, rot
     chunks = rot_chunks + tail_chunks
     htot = sum(op.heads for op in operands)
     tokens = batch * seqlen
+    # sbhd (sequence stride outside the batch stride): walk the tokens in memory order, so the
+    # blocks in flight read one dense span instead of B interleaved ones. Measured on H100 (sbhd
+    # 4x4096x32x128 and 8x4096x64x128): 4-6% faster with computed angles or fp32 tables, 3-5%
+    # slower with 16-bit tables, where each sequence in turn is kept.
+    fold = batch if (memory_order and batch > 1 and tokens <= _cupy.INT32_MAX
+                     and (tables is None or tables[0].element_size() >= 4)
+                     and all(op.src_strides[1] > op.src_strides[0] for op in operands)) else 0
+    rows, grid_batch = (tokens, 1) if fold else (seqlen, batch)
     resident = sm_count(q.get_device()) * 2048
 
     work = tokens * htot * chunks  # chunk-rows: one thread's unit of work per head
@@ -186,12 +196,12 @@ def plan(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, rot
                          f"of {THREADS_PER_BLOCK}")
     lanes = max(1, min(-(-htot // unroll), THREADS_PER_BLOCK // chunks))
     tokens_per_block = max(1, min(MAX_TOKENS_PER_BLOCK, THREADS_PER_BLOCK // (chunks * lanes),
-                                  seqlen))
+                                  rows))
     if angle_bytes:
         tokens_per_block = max(1, min(tokens_per_block, SMEM_LIMIT // angle_bytes))
     splits = 1
     if shape_rule != "fixed":
-        blocks = -(-seqlen // tokens_per_block) * batch
+        blocks = -(-rows // tokens_per_block) * grid_batch
         if blocks < 2 * sm_count(q.get_device()):
             splits = min(htot, -(-2 * sm_count(q.get_device()) // blocks))
     heads_per_split = -(-htot // splits)
@@ -206,11 +216,11 @@ def plan(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, rot
         index_bits = 32 if extent <= _cupy.INT32_MAX else 64
     name = kernel_name(q.dtype, tables[0].dtype if tables is not None else torch.float32,
                        v, interleaved, computed, index_bits, unroll, flags)
-    grid = (-(-seqlen // tokens_per_block), batch, splits)
+    grid = (-(-rows // tokens_per_block), grid_batch, splits)
     block = (chunks, lanes, tokens_per_block)
     smem = angle_bytes * tokens_per_block
     return Plan(name, grid, block, smem, v, unroll, index_bits, rot_chunks, tail_chunks,
-                heads_per_split)
+                heads_per_split, fold)
 
 
 @dataclass(frozen=True)
@@ -240,7 +250,8 @@ def prepare(p: Plan, operands: list[Operand], *, seqlen: int, half: int, half_ta
         qs[0], ks[0], qs[1], ks[1], qs[2], ks[2], qd[0], kd[0], qd[1], kd[1], qd[2], kd[2],
         pos_strides[0], pos_strides[1], table_rows, table_stride,
         q.heads, k.heads if k is not None else 0, seqlen, nseq, p.rot_chunks, p.tail_chunks,
-        p.heads_per_split, pos_mode, int(pos_int32), int(half_table), half, int(backward))
+        p.heads_per_split, pos_mode, int(pos_int32), int(half_table), half, int(backward),
+        p.fold, 0)
     device = q.src.get_device()
     _ONE_DEVICE[0] = torch.cuda.device_count() == 1
     return Launch(_function_ptr(device, p.kernel), p.grid, p.block, p.shared_mem, static,

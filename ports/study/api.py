@@ -44,6 +44,7 @@ class Tuning:
     index_bits: int | None = None   # force 64-bit offsets
     unroll: int | None = None       # heads per thread per step
     separate_launches: bool = False  # q and k in two launches
+    memory_order: bool = True       # False: sbhd grid walks each sequence in turn
 
 
 DEFAULT_TUNING = Tuning()
@@ -325,7 +326,8 @@ def _launches(p: _Problem, xs, outs, in_place: bool, backward: bool, cos, sin):
             rotary_dim=p.rotary_dim, interleaved=p.interleaved,
             tables=None if p.computed else (cos, sin, p.half_table),
             computed=p.computed, in_place=in_place, flags=t.flags, shape_rule=t.shape_rule,
-            vector_cap=t.vector_cap, index_bits=t.index_bits, unroll=t.unroll)
+            vector_cap=t.vector_cap, index_bits=t.index_bits, unroll=t.unroll,
+            memory_order=t.memory_order)
         lc = _launch.prepare(plan, ops, seqlen=p.seqlen, half=p.rotary_dim // 2,
                              half_table=p.half_table, table_rows=p.table_rows,
                              table_stride=p.table_stride, pos_mode=p.pos_mode,

@@ -4,6 +4,9 @@
 // Thread map (no integer division on the hot path):
 //   grid  (ceil(S / blockDim.z), B, head_splits)   token-in-sequence blocks x sequences x head ranges
 //   block (chunks, head_lanes, tokens)              chunk threads x head lanes x tokens
+// When the sequence stride is the outer one (sbhd), the grid walks the (s, b) tokens in memory
+// order instead: grid (ceil(S * B / blockDim.z), 1, head_splits), b = t % B, s = t / B (one
+// division per thread, not per element).
 // A chunk thread owns V elements (16 bytes when sizes and strides allow). Rotate-half: V elements
 // of one half, plus a load of their partners in the other half (BOTH_HALVES, used in place and
 // for rows wider than a block: V elements of each half). Interleaved: the V/2 pairs of its chunk.
@@ -52,6 +55,8 @@ struct Params {
   int half_table;                               // tables are [L, R/2] (one angle per pair)
   int half;                                     // R / 2
   int backward;                                 // rotate by -theta (the transpose)
+  int fold;                                     // B when the grid walks (s, b) b-fastest, else 0
+  int unused;
 };
 
 template <typename T> __device__ __forceinline__ float to_float(T v);
@@ -285,8 +290,12 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS) study_rope(const Params
   constexpr bool LO = COMPUTED && sizeof(T) == 4 && !(FLAGS & ANGLE_FP32);
   constexpr int N = Angles<V, INTERLEAVED>::N;
   const int chunk = threadIdx.x;
-  const int s = blockIdx.x * blockDim.z + threadIdx.z;
-  const int b = blockIdx.y;
+  int s = blockIdx.x * blockDim.z + threadIdx.z;
+  int b = blockIdx.y;
+  if (p.fold) {  // s holds the token t = s * B + b
+    b = s % p.fold;
+    s = s / p.fold;
+  }
   const bool live = s < p.seqlen;
   const bool rotary = chunk < p.rot_chunks;
 
