@@ -59,6 +59,18 @@ def test_layout_order_of_shape(capsys):
     assert code == 0 and "sbhd 8x2x3x16" in out
 
 
+def test_backward_only_runs_the_backward_cases():
+    from ports.harness.cli import build_parser, cases_from_args
+
+    parse = build_parser().parse_args
+    both = cases_from_args(parse(["--suite", "smoke", "--backward"]))
+    only = cases_from_args(parse(["--suite", "smoke", "--backward-only"]))
+    assert {c.direction for c in only} == {"backward"}
+    assert sorted(map(repr, only)) == sorted(repr(c) for c in both if c.direction == "backward")
+    shape = cases_from_args(parse(["--shape", "2x8x2x16", "--backward-only"]))
+    assert [c.direction for c in shape] == ["backward"]
+
+
 def test_backward_and_thd_and_json_output(capsys, tmp_path):
     path = tmp_path / "r.json"
     code, out, _ = run(capsys, "--shape", "3x9x2x16", "--layout", "thd", "--backward",

@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--strided", action="store_true", help="cut x out of a packed qkv tensor")
     what.add_argument("--seqlens", type=int, nargs="+", help="thd: the sequence lengths")
     what.add_argument("--backward", action="store_true", help="also run the backward direction")
+    what.add_argument("--backward-only", action="store_true",
+                      help="run the backward direction alone (of --shape and --suite cases)")
     what.add_argument("--seed", type=int, default=0)
     which = p.add_argument_group("which implementations")
     which.add_argument("--only", nargs="+", metavar="NAME", help="names or families to run")
@@ -101,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--json", nargs="?", const="-", metavar="PATH",
                      help="write results (or, with --list, the registry) as JSON; no PATH: stdout")
     out.add_argument("--csv", nargs="?", const="-", metavar="PATH", help="write results as CSV")
-    out.add_argument("--graph", action="store_true", help="also time CUDA-graph replays")
+    out.add_argument("--graph", action="store_true", help="also time CUDA-graph replays (forward cases)")
     out.add_argument("--plot", metavar="PATH", help="write a plot (PNG): GB/s against tokens, or "
                      "with --accuracy error against position")
     out.add_argument("--claims", action="store_true",
@@ -122,7 +124,8 @@ def cases_from_args(args) -> list[RopeCase]:
     cases: list[RopeCase] = []
     for name in args.suite or ():
         cases += get_suite(name)
-    directions = ["forward", "backward"] if args.backward else ["forward"]
+    directions = (["backward"] if args.backward_only
+                  else ["forward", "backward"] if args.backward else ["forward"])
     for dims in args.shape or ():
         for dtype in args.dtype:
             for style in args.style:
@@ -133,9 +136,13 @@ def cases_from_args(args) -> list[RopeCase]:
                         cos_sin_dtype=args.cos_sin_dtype, base=args.base,
                         kv_heads=args.kv_heads, contiguous=not args.strided,
                         direction=direction))
-    if args.suite and args.backward:
-        cases += [c.replace(direction="backward") for c in cases
-                  if c.direction == "forward" and (args.shape is None)]
+    if args.suite and (args.backward or args.backward_only):
+        suite_cases = [c for c in cases if c.direction == "forward" and args.shape is None]
+        backward = [c.replace(direction="backward") for c in suite_cases]
+        if args.backward_only:  # the suites' own backward cases, then the converted ones
+            cases = [c for c in cases if c.direction == "backward"] + backward
+        else:
+            cases += backward
     return cases
 
 

@@ -193,7 +193,9 @@ def _run_one(case, spec, inputs, targets, timing_on, graph, copy_gbps) -> Result
         if result.status == "ok":
             if timing_on:
                 result.median_us = timing.median_us(fn)
-                if graph:
+                # Forward only: autograd runs a backward's kernels on its forward's stream,
+                # which a capture on another stream cannot record.
+                if graph and case.direction == "forward":
                     result.graph_us = timing.graph_median_us(fn)
                 result.gbps = case.io_bytes() / (result.median_us * 1e-6) / 1e9
                 result.pct_copy = 100.0 * result.gbps / copy_gbps
