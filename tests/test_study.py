@@ -391,20 +391,22 @@ def test_plan_covers_the_problem_within_block_limits(monkeypatch, shape, k_heads
 
 
 def test_plan_walks_sbhd_tokens_in_memory_order(monkeypatch):
-    """sbhd strides (the sequence stride outside the batch stride): one grid row over the s * b
-    tokens, b fastest (the kernel recovers b = t % B, s = t / B); bshd keeps grid (s, b)."""
+    """sbhd strides (the sequence stride outside the batch stride), computed angles: one grid row
+    over the s * b tokens, b fastest (the kernel recovers b = t % B, s = t / B); bshd and tables
+    keep grid (s, b)."""
     b, s, h, d = 4, 300, 8, 128
     sbhd = (h * d, b * h * d, d)  # (batch, sequence, head) strides of a dense [s, b, h, d]
     p = _plan(monkeypatch, (b, s, h, d), src_strides=sbhd, computed=True)
     assert p.fold == b and p.grid[1] == 1 and p.grid[0] * p.block[2] >= s * b
     assert (p.grid[0] - 1) * p.block[2] < s * b
-    assert _plan(monkeypatch, (b, s, h, d), src_strides=sbhd, dtype=torch.float32).fold == b
     unfolded = _plan(monkeypatch, (b, s, h, d), src_strides=sbhd, computed=True,
                      memory_order=False)
     assert unfolded.fold == 0 and unfolded.grid[1] == b
     assert _plan(monkeypatch, (1, s, h, d), src_strides=sbhd, computed=True).fold == 0
-    # 16-bit tables keep one sequence per grid row (measured faster)
-    assert _plan(monkeypatch, (b, s, h, d), src_strides=sbhd, tables_dtype=torch.bfloat16).fold == 0
+    # tables keep one sequence per grid row (measured faster or even)
+    for dtype in (torch.bfloat16, torch.float32):
+        assert _plan(monkeypatch, (b, s, h, d), src_strides=sbhd, dtype=dtype,
+                     tables_dtype=dtype).fold == 0
 
 
 def test_plan_bf16_gets_16_byte_vectors_and_32_bit_offsets(monkeypatch):

@@ -174,12 +174,11 @@ def plan(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, rot
     chunks = rot_chunks + tail_chunks
     htot = sum(op.heads for op in operands)
     tokens = batch * seqlen
-    # sbhd (sequence stride outside the batch stride): walk the tokens in memory order, so the
-    # blocks in flight read one dense span instead of B interleaved ones. Measured on H100 (sbhd
-    # 4x4096x32x128 and 8x4096x64x128): 4-6% faster with computed angles or fp32 tables, 3-5%
-    # slower with 16-bit tables, where each sequence in turn is kept.
-    fold = batch if (memory_order and batch > 1 and tokens <= _cupy.INT32_MAX
-                     and (tables is None or tables[0].element_size() >= 4)
+    # sbhd (sequence stride outside the batch stride) with computed angles: walk the tokens in
+    # memory order, so the blocks in flight read one dense span instead of B interleaved ones
+    # (4-6% faster on H100). With tables it was mixed (3-10% slower with 16-bit tables or bf16 x
+    # and cold fp32 tables, 4% faster for fp32 x and tables): there each sequence goes in turn.
+    fold = batch if (memory_order and computed and batch > 1 and tokens <= _cupy.INT32_MAX
                      and all(op.src_strides[1] > op.src_strides[0] for op in operands)) else 0
     rows, grid_batch = (tokens, 1) if fold else (seqlen, batch)
     resident = sm_count(q.get_device()) * 2048

@@ -82,7 +82,7 @@ _COMMON = dict(
     layouts=ALL_LAYOUTS, dtypes=DTYPES, partial=True, positions=ALL_POSITIONS, backward=True,
     tensors_per_launch=2, strided=True, index_bits=64, asymmetric_tables=True,
     launch="grid (s/tokens, b, head splits) x block (chunks, head lanes, tokens), from the size;"
-           " sbhd: tokens in memory order",
+           " sbhd with computed angles: tokens in memory order",
     per_thread="one V-element chunk (and its partner) x 1-4 heads per step",
     access="16 B (widest that divides R/2 and every stride)",
 )
@@ -138,8 +138,9 @@ def _ablations() -> list[ImplSpec]:
                   dict(flags=L.NO_CACHE_HINTS)),
         _ablation("int64_index", "64-bit offsets even when 32-bit fit", dict(index_bits=64)),
         _ablation("separate_launches", "q and k in two launches", dict(separate_launches=True)),
-        _ablation("sequence_per_block_row", "sbhd: the grid walks each sequence in turn, not "
-                  "the tokens in memory order", dict(memory_order=False)),
+        _ablation("sequence_per_block_row", "sbhd, computed angles: the grid walks each "
+                  "sequence in turn, not the tokens in memory order", dict(memory_order=False),
+                  computed=True),
         _ablation("fp32_angles", "computed angles in fp32 (fp32 product, sincosf)",
                   dict(flags=L.ANGLE_FP32), computed=True, angle_rel_err=ANGLE_REL_ERR_FP32_ANGLE),
     ]

@@ -4,8 +4,8 @@
 // Thread map (no integer division on the hot path):
 //   grid  (ceil(S / blockDim.z), B, head_splits)   token-in-sequence blocks x sequences x head ranges
 //   block (chunks, head_lanes, tokens)              chunk threads x head lanes x tokens
-// When the sequence stride is the outer one (sbhd), the grid walks the (s, b) tokens in memory
-// order instead: grid (ceil(S * B / blockDim.z), 1, head_splits), b = t % B, s = t / B (one
+// When the sequence stride is the outer one (sbhd) and angles are computed, the grid walks the
+// (s, b) tokens in memory order instead: grid (ceil(S * B / blockDim.z), 1, head_splits), b = t % B, s = t / B (one
 // division per thread, not per element).
 // A chunk thread owns V elements (16 bytes when sizes and strides allow). Rotate-half: V elements
 // of one half, plus a load of their partners in the other half (BOTH_HALVES, used in place and

@@ -1,0 +1,131 @@
+"""Launch-shape sweep of the study kernel (exploration, GPU only).
+
+Times ``ports/study``'s kernel over register caps (``__launch_bounds__`` minimum blocks), heads
+per step (unroll) and head splits, optionally from alternative kernel sources, against
+torch.compile of the HF function and a copy of the same bytes, on a few prefill shapes. Every
+configuration's output is checked bit for bit against ``apply_rope``'s.
+
+    PYTHONPATH=. python3 tools/study_sweep.py [--source ports/study/rope.cu variant.cu ...] [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import pathlib
+
+import torch
+
+from ports import _cupy
+from ports.eager.canonical import _compiled_apply
+from ports.harness.timing import copy_bandwidth_gbps, median_us
+from ports.study import _launch, api
+
+SHAPES = [  # layout, (b, s, h, d) in bshd order, dtype
+    ("bshd", (4, 4096, 32, 128), torch.bfloat16),
+    ("bshd", (1, 4096, 32, 128), torch.bfloat16),
+    ("sbhd", (4, 4096, 32, 128), torch.bfloat16),
+    ("bshd", (4, 4096, 32, 128), torch.float32),
+    ("bshd", (1, 32768, 8, 128), torch.bfloat16),
+]
+
+
+def make(layout, shape, dtype):
+    b, s, h, d = shape
+    x = torch.randn((s, b, h, d) if layout == "sbhd" else (b, s, h, d), device="cuda", dtype=dtype)
+    ang = torch.arange(s, device="cuda", dtype=torch.float64)[:, None] * (
+        10000.0 ** (-torch.arange(0, d, 2, device="cuda", dtype=torch.float64) / d))
+    ang = torch.cat([ang, ang], -1)
+    return x, ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def strides(x, layout):
+    st = x.stride()
+    return (st[1], st[0], st[2]) if layout == "sbhd" else (st[0], st[1], st[2])
+
+
+def launch_of(x, out, cos, sin, layout, computed, unroll, min_blocks, splits, source,
+              memory_order=True):
+    b, s = (x.shape[1], x.shape[0]) if layout == "sbhd" else (x.shape[0], x.shape[1])
+    h, d = x.shape[2], x.shape[3]
+    op = _launch.Operand(x, out, h, strides(x, layout), strides(out, layout))
+    p = _launch.plan(operands=[op], batch=b, seqlen=s, head_dim=d, rotary_dim=d,
+                     interleaved=False, tables=None if computed else (cos, sin, False),
+                     computed=computed, in_place=False, unroll=unroll, memory_order=memory_order)
+    if splits:
+        hps = -(-h // splits)
+        lanes = min(p.block[1], hps)
+        tpb = max(1, min(_launch.MAX_TOKENS_PER_BLOCK, _launch.THREADS_PER_BLOCK // (p.block[0] * lanes), s))
+        if computed:
+            tpb = min(tpb, p.block[2])
+        p = dataclasses.replace(p, grid=(-(-s // tpb), b, -(-h // hps)), block=(p.block[0], lanes, tpb),
+                                heads_per_split=hps,
+                                shared_mem=p.shared_mem // p.block[2] * tpb)
+    lc = _launch.prepare(p, [op], seqlen=s, half=d // 2, half_table=False, table_rows=cos.shape[0],
+                         table_stride=cos.stride(0), pos_mode=0, pos_strides=(0, 0),
+                         pos_int32=False, nseq=0, backward=False)
+    opts = (f"-DSTUDY_MIN_BLOCKS={min_blocks}",)
+    fn = _cupy._load(x.get_device(), source, _launch.FILENAME, opts, (p.kernel,))[p.kernel]
+    lc = dataclasses.replace(lc, function=fn.ptr)
+    return lc, p
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--source", nargs="+", default=["ports/study/rope.cu"])
+    ap.add_argument("--quick", action="store_true", help="fewer configurations")
+    args = ap.parse_args()
+    sources = {pathlib.Path(f).stem: pathlib.Path(f).read_text() for f in args.source}
+    copy = copy_bandwidth_gbps()
+    print(f"copy bandwidth (1 GiB) {copy:.0f} GB/s")
+    compiled = _compiled_apply()
+    unrolls = (1, 2, 4)
+    caps = (1, 4, 6, 8) if not args.quick else (1, 6)
+    for layout, shape, dtype in SHAPES:
+        x, cos, sin = make(layout, shape, dtype)
+        io = 2 * x.numel() * x.element_size()
+        ref = api.apply_rope(x, cos=cos, sin=sin, layout=layout)
+        same = torch.empty_like(x)
+        t_copy = median_us(lambda: same.copy_(x))
+        rows = cos[None, :, :] if layout == "bshd" else cos[:, None, :]
+        srows = sin[None, :, :] if layout == "bshd" else sin[:, None, :]
+        t_comp = median_us(lambda: compiled(x, None, rows, srows, 2))
+        t_api = median_us(lambda: api.apply_rope(x, cos=cos, sin=sin, layout=layout))
+        print(f"\n## {layout} {shape} {dtype}: io {io / 1e6:.0f} MB; same-size copy {t_copy:.1f} us "
+              f"({io / t_copy / 1e3 / copy * 100:.1f}% of copy bw); compile {t_comp:.1f}; "
+              f"apply_rope {t_api:.1f}")
+        out = torch.empty_like(x)
+        results = []
+        for (name, src), computed, unroll, cap, one_step in itertools.product(
+                sources.items(), (False, True), unrolls, caps, (False, True)):
+            if computed and (cap not in (1, 6) or one_step):
+                continue
+            try:
+                lc, p = launch_of(x, out, cos, sin, layout, computed, unroll, cap,
+                                  splits=None, source=src)
+                if one_step:  # each thread one step of `unroll` heads
+                    splits = max(1, -(-shape[2] // (unroll * p.block[1])))
+                    if splits == 1:
+                        continue
+                    lc, p = launch_of(x, out, cos, sin, layout, computed, unroll, cap,
+                                      splits=splits, source=src)
+            except Exception as exc:  # noqa: BLE001
+                print(f"{name} computed={computed} unroll={unroll} cap={cap}: {exc}")
+                continue
+            inv = api._default_inv_freq(x.device, shape[3], 10000.0) if computed else None
+            args_ = (x.data_ptr(), 0, out.data_ptr(), 0, cos.data_ptr(), sin.data_ptr(),
+                     0 if inv is None else inv.data_ptr(), 0, 0, 0)
+            out.fill_(float("nan"))
+            _launch.launch(lc, *args_)
+            ok = torch.equal(out, ref) if not computed else (out - ref).abs().max().item() < 0.1
+            t = median_us(lambda: _launch.launch(lc, *args_))
+            results.append((t, f"{name:10s} {'comp' if computed else 'tab '} unroll={unroll} "
+                               f"cap={cap} grid={p.grid} block={p.block} "
+                               f"{'ok ' if ok else 'BAD'} {t:7.1f} us {io / t / 1e3 / copy * 100:5.1f}% "
+                               f"vs compile {t / t_comp:.3f}"))
+        for _, line in sorted(results):
+            print(line)
+
+
+if __name__ == "__main__":
+    main()
