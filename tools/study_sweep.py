@@ -74,8 +74,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--source", nargs="+", default=["ports/study/rope.cu"])
     ap.add_argument("--quick", action="store_true", help="fewer configurations")
+    ap.add_argument("--default-plan", action="store_true",
+                    help="only the shipped plan of each source (min of 3 interleaved medians)")
     args = ap.parse_args()
     sources = {pathlib.Path(f).stem: pathlib.Path(f).read_text() for f in args.source}
+    if args.default_plan:
+        return default_plans(sources)
     copy = copy_bandwidth_gbps()
     print(f"copy bandwidth (1 GiB) {copy:.0f} GB/s")
     compiled = _compiled_apply()
@@ -125,6 +129,31 @@ def main():
                                f"vs compile {t / t_comp:.3f}"))
         for _, line in sorted(results):
             print(line)
+
+
+def default_plans(sources):
+    """The shipped plan of every source on every shape, tables and computed angles."""
+    for layout, shape, dtype in SHAPES:
+        x, cos, sin = make(layout, shape, dtype)
+        out = torch.empty_like(x)
+        ref = api.apply_rope(x, cos=cos, sin=sin, layout=layout)
+        calls = {}
+        for (name, src), computed in itertools.product(sources.items(), (False, True)):
+            lc, _ = launch_of(x, out, cos, sin, layout, computed, None, 1, None, src)
+            inv = api._default_inv_freq(x.device, shape[3], 10000.0) if computed else None
+            a = (x.data_ptr(), 0, out.data_ptr(), 0, cos.data_ptr(), sin.data_ptr(),
+                 0 if inv is None else inv.data_ptr(), 0, 0, 0)
+            out.fill_(float("nan"))
+            _launch.launch(lc, *a)
+            ok = torch.equal(out, ref) if not computed else (out - ref).abs().max().item() < 0.1
+            calls[f"{name} {'comp' if computed else 'tab'}{'' if ok else ' BAD'}"] = (
+                lambda lc=lc, a=a, inv=inv: _launch.launch(lc, *a))
+        times = {k: [] for k in calls}
+        for _ in range(3):
+            for k, f in calls.items():
+                times[k].append(median_us(f))
+        print(f"{layout} {shape} {str(dtype)[6:]}: "
+              + " | ".join(f"{k} {min(v):.1f}" for k, v in times.items()))
 
 
 if __name__ == "__main__":
