@@ -409,6 +409,18 @@ def test_plan_walks_sbhd_tokens_in_memory_order(monkeypatch):
                      tables_dtype=dtype).fold == 0
 
 
+def test_plan_heads_per_step_from_the_work(monkeypatch):
+    """4 heads per step from 8x the resident threads (132 SMs faked); between 2x and 8x, one
+    head for given tables with a thread per chunk (rope.cu caps their registers), 2 otherwise."""
+    big, medium, small = (4, 4096, 32, 128), (1, 4096, 32, 128), (1, 512, 32, 128)
+    assert _plan(monkeypatch, big).unroll == 4
+    assert _plan(monkeypatch, medium).unroll == 1
+    assert _plan(monkeypatch, medium, computed=True).unroll == 2
+    assert _plan(monkeypatch, medium, in_place=True).unroll == 2  # both halves per thread
+    assert _plan(monkeypatch, small).unroll == 1
+    assert _plan(monkeypatch, small, computed=True).unroll == 1
+
+
 def test_plan_bf16_gets_16_byte_vectors_and_32_bit_offsets(monkeypatch):
     p = _plan(monkeypatch)
     assert p.vector == 8 and p.index_bits == 32

@@ -64,7 +64,7 @@ def launch_of(x, out, cos, sin, layout, computed, unroll, min_blocks, splits, so
     lc = _launch.prepare(p, [op], seqlen=s, half=d // 2, half_table=False, table_rows=cos.shape[0],
                          table_stride=cos.stride(0), pos_mode=0, pos_strides=(0, 0),
                          pos_int32=False, nseq=0, backward=False)
-    opts = (f"-DSTUDY_MIN_BLOCKS={min_blocks}",)
+    opts = (f"-DSTUDY_MIN_BLOCKS_CAP={min_blocks}",)
     fn = _cupy._load(x.get_device(), source, _launch.FILENAME, opts, (p.kernel,))[p.kernel]
     lc = dataclasses.replace(lc, function=fn.ptr)
     return lc, p
@@ -76,10 +76,17 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer configurations")
     ap.add_argument("--default-plan", action="store_true",
                     help="only the shipped plan of each source (min of 3 interleaved medians)")
+    ap.add_argument("--configs", nargs="+", metavar="UNROLL,CAP",
+                    help="only these (unroll, min blocks) pairs against the shipped plan, tables "
+                         "and computed angles (min of 3 interleaved medians)")
+    ap.add_argument("--shapes", nargs="+", metavar="LAYOUT:BxSxHxD:DTYPE",
+                    help="with --configs: shapes (default: SHAPES)")
     args = ap.parse_args()
     sources = {pathlib.Path(f).stem: pathlib.Path(f).read_text() for f in args.source}
     if args.default_plan:
         return default_plans(sources)
+    if args.configs:
+        return compare_configs(args.configs, args.shapes)
     copy = copy_bandwidth_gbps()
     print(f"copy bandwidth (1 GiB) {copy:.0f} GB/s")
     compiled = _compiled_apply()
@@ -129,6 +136,39 @@ def main():
                                f"vs compile {t / t_comp:.3f}"))
         for _, line in sorted(results):
             print(line)
+
+
+def compare_configs(configs, shapes):
+    src = pathlib.Path("ports/study/rope.cu").read_text()
+    dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+    todo = SHAPES if not shapes else [
+        (lay, tuple(int(n) for n in dims.split("x")), dtypes[dt])
+        for lay, dims, dt in (s.split(":") for s in shapes)]
+    pairs = [(None, 1)] + [tuple(int(n) for n in c.split(",")) for c in configs]
+    comp = _compiled_apply()
+    for layout, shape, dtype in todo:
+        x, cos, sin = make(layout, shape, dtype)
+        out = torch.empty_like(x)
+        ref = api.apply_rope(x, cos=cos, sin=sin, layout=layout)
+        rows = cos[None, :, :] if layout == "bshd" else cos[:, None, :]
+        srows = sin[None, :, :] if layout == "bshd" else sin[:, None, :]
+        calls = {"compile": lambda: comp(x, None, rows, srows, 2)}
+        for (unroll, cap), computed in itertools.product(pairs, (False, True)):
+            lc, p = launch_of(x, out, cos, sin, layout, computed, unroll, cap, None, src)
+            inv = api._default_inv_freq(x.device, shape[3], 10000.0) if computed else None
+            a = (x.data_ptr(), 0, out.data_ptr(), 0, cos.data_ptr(), sin.data_ptr(),
+                 0 if inv is None else inv.data_ptr(), 0, 0, 0)
+            out.fill_(float("nan"))
+            _launch.launch(lc, *a)
+            ok = torch.equal(out, ref) if not computed else (out - ref).abs().max().item() < 0.1
+            name = f"{'comp' if computed else 'tab'} u{p.unroll}c{cap}{'' if ok else ' BAD'}"
+            calls[name] = lambda lc=lc, a=a, inv=inv: _launch.launch(lc, *a)
+        times = {k: [] for k in calls}
+        for _ in range(3):
+            for k, f in calls.items():
+                times[k].append(median_us(f))
+        print(f"{layout} {shape} {str(dtype)[6:]}: "
+              + " | ".join(f"{k} {min(v):.1f}" for k, v in times.items()))
 
 
 def default_plans(sources):

@@ -189,7 +189,13 @@ def plan(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, rot
     elif shape_rule == "fixed":     # ablation: the prefill shape for every size
         unroll = 4
     else:
-        unroll = 4 if work >= 8 * resident else 2 if work >= 2 * resident else 1
+        # Measured on H100: 4 heads per step once the work is 8x the resident threads. Between
+        # 2x and 8x, given tables with a thread per chunk take one head per step at 6 blocks per
+        # SM (rope.cu's STUDY_MIN_BLOCKS; 32.9 -> 30.8 us on 1x4096x32x128 bf16), the others
+        # 2 heads (one head without the register cap was 3-20% slower for them).
+        capped = not computed and split
+        unroll = (4 if work >= 8 * resident else (1 if capped else 2) if work >= 2 * resident
+                  else 1)
     if chunks > THREADS_PER_BLOCK:
         raise ValueError(f"head_dim {head_dim} needs {chunks} threads per row, more than a block "
                          f"of {THREADS_PER_BLOCK}")

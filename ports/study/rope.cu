@@ -24,8 +24,15 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
-#ifndef STUDY_MIN_BLOCKS
-#define STUDY_MIN_BLOCKS 1  // resident blocks of 256 threads per SM the register budget allows
+// Resident blocks of 256 threads per SM the register budget must allow: one head per step from
+// given tables, a thread per chunk, fits 6 blocks (<= 40 registers, no spills); the unrolled
+// steps, computed angles and both-halves threads keep their registers (a cap spills there).
+// tools/study_sweep.py overrides it with -DSTUDY_MIN_BLOCKS_CAP=N.
+#ifdef STUDY_MIN_BLOCKS_CAP
+#define STUDY_MIN_BLOCKS(unroll, computed, flags) STUDY_MIN_BLOCKS_CAP
+#else
+#define STUDY_MIN_BLOCKS(unroll, computed, flags) \
+  ((unroll) == 1 && !(computed) && !((flags) & BOTH_HALVES) ? 6 : 1)
 #endif
 
 // Ablation switches (the FLAGS template argument); 0 is the shipped design.
@@ -283,7 +290,7 @@ __device__ __forceinline__ void rotate_split(const Angles<V, false>& a, Chunk<T,
 
 template <typename T, typename TT, int V, bool INTERLEAVED, bool COMPUTED, typename IDX,
           int UNROLL, int FLAGS>
-__global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS) study_rope(const Params p) {
+__global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)) study_rope(const Params p) {
   constexpr bool STREAM = !(FLAGS & NO_CACHE_HINTS);
   constexpr bool SPLIT = !INTERLEAVED && !(FLAGS & BOTH_HALVES);
   // fp32 outputs of computed angles carry each cos/sin as a float pair (hi + lo).
