@@ -178,7 +178,8 @@ def plan(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, rot
     # memory order, so the blocks in flight read one dense span instead of B interleaved ones
     # (4-6% faster on H100). With tables it was mixed (3-10% slower with 16-bit tables or bf16 x
     # and cold fp32 tables, 4% faster for fp32 x and tables): there each sequence goes in turn.
-    fold = batch if (memory_order and computed and batch > 1 and tokens <= _cupy.INT32_MAX
+    fold = batch if (memory_order and computed and batch > 1
+                     and tokens <= _cupy.INT32_MAX - MAX_TOKENS_PER_BLOCK  # t stays an int
                      and all(op.src_strides[1] > op.src_strides[0] for op in operands)) else 0
     rows, grid_batch = (tokens, 1) if fold else (seqlen, batch)
     resident = sm_count(q.get_device()) * 2048

@@ -5,8 +5,8 @@
 //   grid  (ceil(S / blockDim.z), B, head_splits)   token-in-sequence blocks x sequences x head ranges
 //   block (chunks, head_lanes, tokens)              chunk threads x head lanes x tokens
 // When the sequence stride is the outer one (sbhd) and angles are computed, the grid walks the
-// (s, b) tokens in memory order instead: grid (ceil(S * B / blockDim.z), 1, head_splits), b = t % B, s = t / B (one
-// division per thread, not per element).
+// (s, b) tokens in memory order instead: grid (ceil(S * B / blockDim.z), 1, head_splits),
+// b = t % B, s = t / B (one division per thread, not per element).
 // A chunk thread owns V elements (16 bytes when sizes and strides allow). Rotate-half: V elements
 // of one half, plus a load of their partners in the other half (BOTH_HALVES, used in place and
 // for rows wider than a block: V elements of each half). Interleaved: the V/2 pairs of its chunk.
@@ -63,7 +63,7 @@ struct Params {
   int half;                                     // R / 2
   int backward;                                 // rotate by -theta (the transpose)
   int fold;                                     // B when the grid walks (s, b) b-fastest, else 0
-  int unused;
+  int pad;                                      // keeps the struct a multiple of 8 bytes
 };
 
 template <typename T> __device__ __forceinline__ float to_float(T v);
