@@ -5,13 +5,15 @@ the decode step's position -> row chain, and harness inputs against fresh ones.
 """
 from __future__ import annotations
 
+import pathlib
+
 import torch
 
 from ports.eager.canonical import _compiled_apply
 from ports.harness.timing import graph_median_us, median_us
-from ports.study import _launch, api
+from ports.study import api
 from reference.case import RopeCase, make_inputs
-from tools.study_sweep import launch_of, make
+from tools.study_sweep import checked_launch, make
 
 
 def best(fn, reps=3, graph=False):
@@ -21,7 +23,7 @@ def best(fn, reps=3, graph=False):
 
 def sbhd_order():
     print("## sbhd grid order (min of 3 medians, us)")
-    src = open("ports/study/rope.cu").read()
+    src = pathlib.Path("ports/study/rope.cu").read_text()
     for shape, dtype in (((4, 4096, 32, 128), torch.bfloat16), ((8, 4096, 64, 128), torch.bfloat16),
                          ((4, 4096, 32, 128), torch.float32), ((1, 4096, 32, 128), torch.bfloat16)):
         x, cos, sin = make("sbhd", shape, dtype)
@@ -33,26 +35,27 @@ def sbhd_order():
         line.append(f"compile {best(lambda: comp(x, None, rows, srows, 2)):.1f}")
         for order in (False, True):
             for unroll in (None, 1):
-                lc, p = launch_of(x, out, cos, sin, "sbhd", False, unroll, 1, None, src,
-                                  memory_order=order)
-                a = (x.data_ptr(), 0, out.data_ptr(), 0, cos.data_ptr(), sin.data_ptr(), 0, 0, 0, 0)
-                out.fill_(float("nan"))
-                _launch.launch(lc, *a)
-                ok = torch.equal(out, ref)
+                call, p, ok = checked_launch(x, out, cos, sin, ref, "sbhd", False, unroll, 1,
+                                             None, src, memory_order=order)
                 line.append(f"order={int(order)} unroll={p.unroll} {'ok' if ok else 'BAD'} "
-                            f"{best(lambda: _launch.launch(lc, *a)):.1f}")
+                            f"{best(call):.1f}")
         comp_t = best(lambda: api.apply_rope(x, layout="sbhd"))
         line.append(f"computed {comp_t:.1f}")
         print(" | ".join(line))
 
 
-def decode():
-    print("## decode b=64 h=32 d=128 bf16, graph us (min of 3)")
-    b = 64
+def decode_inputs(b=64):
+    """A decode step: x [b, 1, 32, 128] bf16, 4k-row tables, one offset per sequence, and the
+    rows torch.compile's call gets gathered beforehand."""
     x = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     _, cos, sin = make("bshd", (1, 4096, 1, 128), torch.bfloat16)
     offs = torch.randint(0, 4095, (b,), device="cuda")
-    rows, srows = cos[offs][:, None, :], sin[offs][:, None, :]
+    return x, cos, sin, offs, cos[offs][:, None, :], sin[offs][:, None, :]
+
+
+def decode():
+    print("## decode b=64 h=32 d=128 bf16, graph us (min of 3)")
+    x, cos, sin, offs, rows, srows = decode_inputs()
     comp = _compiled_apply()
     kw = dict(check_positions=False)
     cases = {

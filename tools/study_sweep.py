@@ -70,6 +70,31 @@ def launch_of(x, out, cos, sin, layout, computed, unroll, min_blocks, splits, so
     return lc, p
 
 
+def checked_launch(x, out, cos, sin, ref, layout, computed, unroll, min_blocks, splits, source,
+                   memory_order=True):
+    """One configuration, launched once on a NaN-poisoned ``out`` and checked against ``ref``
+    (bit for bit with tables; computed angles differ from the tables' rounding). Returns the
+    zero-argument launch, its plan and whether it matched."""
+    lc, p = launch_of(x, out, cos, sin, layout, computed, unroll, min_blocks, splits, source,
+                      memory_order)
+    inv = api._default_inv_freq(x.device, x.shape[-1], 10000.0) if computed else None
+    args = (x.data_ptr(), 0, out.data_ptr(), 0, cos.data_ptr(), sin.data_ptr(),
+            0 if inv is None else inv.data_ptr(), 0, 0, 0)
+    out.fill_(float("nan"))
+    _launch.launch(lc, *args)
+    ok = torch.equal(out, ref) if not computed else (out - ref).abs().max().item() < 0.1
+    return (lambda inv=inv: _launch.launch(lc, *args)), p, ok  # the call keeps inv alive
+
+
+def min_of_interleaved(calls, reps=3, timer=median_us):
+    """The minimum over ``reps`` rounds of each call's median, rounds interleaved across calls."""
+    times = {k: [] for k in calls}
+    for _ in range(reps):
+        for k, f in calls.items():
+            times[k].append(timer(f))
+    return {k: min(v) for k, v in times.items()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--source", nargs="+", default=["ports/study/rope.cu"])
@@ -112,24 +137,18 @@ def main():
             if computed and (cap not in (1, 6) or one_step):
                 continue
             try:
-                lc, p = launch_of(x, out, cos, sin, layout, computed, unroll, cap,
-                                  splits=None, source=src)
+                splits = None
                 if one_step:  # each thread one step of `unroll` heads
+                    _, p = launch_of(x, out, cos, sin, layout, computed, unroll, cap, None, src)
                     splits = max(1, -(-shape[2] // (unroll * p.block[1])))
                     if splits == 1:
                         continue
-                    lc, p = launch_of(x, out, cos, sin, layout, computed, unroll, cap,
-                                      splits=splits, source=src)
+                call, p, ok = checked_launch(x, out, cos, sin, ref, layout, computed, unroll, cap,
+                                             splits, src)
             except Exception as exc:  # noqa: BLE001
                 print(f"{name} computed={computed} unroll={unroll} cap={cap}: {exc}")
                 continue
-            inv = api._default_inv_freq(x.device, shape[3], 10000.0) if computed else None
-            args_ = (x.data_ptr(), 0, out.data_ptr(), 0, cos.data_ptr(), sin.data_ptr(),
-                     0 if inv is None else inv.data_ptr(), 0, 0, 0)
-            out.fill_(float("nan"))
-            _launch.launch(lc, *args_)
-            ok = torch.equal(out, ref) if not computed else (out - ref).abs().max().item() < 0.1
-            t = median_us(lambda: _launch.launch(lc, *args_))
+            t = median_us(call)
             results.append((t, f"{name:10s} {'comp' if computed else 'tab '} unroll={unroll} "
                                f"cap={cap} grid={p.grid} block={p.block} "
                                f"{'ok ' if ok else 'BAD'} {t:7.1f} us {io / t / 1e3 / copy * 100:5.1f}% "
@@ -154,21 +173,10 @@ def compare_configs(configs, shapes):
         srows = sin[None, :, :] if layout == "bshd" else sin[:, None, :]
         calls = {"compile": lambda: comp(x, None, rows, srows, 2)}
         for (unroll, cap), computed in itertools.product(pairs, (False, True)):
-            lc, p = launch_of(x, out, cos, sin, layout, computed, unroll, cap, None, src)
-            inv = api._default_inv_freq(x.device, shape[3], 10000.0) if computed else None
-            a = (x.data_ptr(), 0, out.data_ptr(), 0, cos.data_ptr(), sin.data_ptr(),
-                 0 if inv is None else inv.data_ptr(), 0, 0, 0)
-            out.fill_(float("nan"))
-            _launch.launch(lc, *a)
-            ok = torch.equal(out, ref) if not computed else (out - ref).abs().max().item() < 0.1
-            name = f"{'comp' if computed else 'tab'} u{p.unroll}c{cap}{'' if ok else ' BAD'}"
-            calls[name] = lambda lc=lc, a=a, inv=inv: _launch.launch(lc, *a)
-        times = {k: [] for k in calls}
-        for _ in range(3):
-            for k, f in calls.items():
-                times[k].append(median_us(f))
-        print(f"{layout} {shape} {str(dtype)[6:]}: "
-              + " | ".join(f"{k} {min(v):.1f}" for k, v in times.items()))
+            call, p, ok = checked_launch(x, out, cos, sin, ref, layout, computed, unroll, cap,
+                                         None, src)
+            calls[f"{'comp' if computed else 'tab'} u{p.unroll}c{cap}{'' if ok else ' BAD'}"] = call
+        print_times(layout, shape, dtype, min_of_interleaved(calls))
 
 
 def default_plans(sources):
@@ -179,21 +187,15 @@ def default_plans(sources):
         ref = api.apply_rope(x, cos=cos, sin=sin, layout=layout)
         calls = {}
         for (name, src), computed in itertools.product(sources.items(), (False, True)):
-            lc, _ = launch_of(x, out, cos, sin, layout, computed, None, 1, None, src)
-            inv = api._default_inv_freq(x.device, shape[3], 10000.0) if computed else None
-            a = (x.data_ptr(), 0, out.data_ptr(), 0, cos.data_ptr(), sin.data_ptr(),
-                 0 if inv is None else inv.data_ptr(), 0, 0, 0)
-            out.fill_(float("nan"))
-            _launch.launch(lc, *a)
-            ok = torch.equal(out, ref) if not computed else (out - ref).abs().max().item() < 0.1
-            calls[f"{name} {'comp' if computed else 'tab'}{'' if ok else ' BAD'}"] = (
-                lambda lc=lc, a=a, inv=inv: _launch.launch(lc, *a))
-        times = {k: [] for k in calls}
-        for _ in range(3):
-            for k, f in calls.items():
-                times[k].append(median_us(f))
-        print(f"{layout} {shape} {str(dtype)[6:]}: "
-              + " | ".join(f"{k} {min(v):.1f}" for k, v in times.items()))
+            call, _, ok = checked_launch(x, out, cos, sin, ref, layout, computed, None, 1, None,
+                                         src)
+            calls[f"{name} {'comp' if computed else 'tab'}{'' if ok else ' BAD'}"] = call
+        print_times(layout, shape, dtype, min_of_interleaved(calls))
+
+
+def print_times(layout, shape, dtype, times):
+    print(f"{layout} {shape} {str(dtype)[6:]}: "
+          + " | ".join(f"{k} {t:.1f}" for k, t in times.items()))
 
 
 if __name__ == "__main__":
