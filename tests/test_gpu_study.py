@@ -17,6 +17,7 @@ Every test here is marked ``gpu`` and is skipped on machines without one.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import zlib
 
 import pytest
@@ -532,6 +533,44 @@ def test_equivalent_position_and_table_forms_agree_bitwise(style):
     wide_c[:, 16:80], wide_s[:, 16:80] = inputs.cos, inputs.sin
     strided = dict(cos=wide_c[:, 16:80], sin=wide_s[:, 16:80], style=style)
     assert same(apply_rope(q, k, positions=ids, **strided))
+
+
+
+@pytest.mark.parametrize("style", STYLES)
+@pytest.mark.parametrize("positions", ["arange", "int offset", "offsets", "ids", "thd"])
+def test_heads_per_step_do_not_change_the_bits(style, positions):
+    """Small shapes take one head per step; 2 and 4 (the prefill plans, where given tables load
+    before the first rows unless the position is read from memory) give the same bits, forward
+    and backward, with full and half-width tables, out of place and in place."""
+    from ports.study.api import Tuning
+
+    thd = positions == "thd"
+    case = RopeCase(4, 64, 3, 32, kv_heads=2, style=style, dtype="bf16",
+                    positions="ids" if positions == "ids" else "arange", max_position=256,
+                    label="heads per step", **(THD if thd else {}))
+    inputs = make_inputs(case, _seed(case), DEV)
+    kw = dict(style=style, layout=case.layout)
+    if thd:
+        kw.update(cu_seqlens=inputs.cu_seqlens, max_seqlen=max(case.seqlens))
+    kw.update({"int offset": dict(offsets=5), "ids": dict(positions=inputs.positions),
+               "offsets": dict(offsets=torch.tensor([3, 0, 9, 1], device=DEV))}.get(positions, {}))
+    half = dict(cos=first_members(inputs.cos, style).contiguous(),
+                sin=first_members(inputs.sin, style).contiguous())
+    grads = [torch.randn_like(x) for x in inputs.xs]
+
+    def run(tables, tuning=Tuning(), in_place=False):
+        leaves = [x.detach().clone().requires_grad_(True) for x in inputs.xs]
+        fn = apply_rope_inplace if in_place else apply_rope
+        outs = _tuple(fn(*([x.clone() for x in leaves] if in_place else leaves), **kw, **tables,
+                         _tuning=tuning))
+        torch.autograd.backward(outs, grads)
+        return [o.detach() for o in outs] + [x.grad for x in leaves]
+
+    for tables in (dict(cos=inputs.cos, sin=inputs.sin), half):
+        base = run(tables)
+        for unroll, in_place in itertools.product((2, 4), (False, True)):
+            got = run(tables, Tuning(unroll=unroll), in_place)
+            assert all(_same_bits(a, b) for a, b in zip(got, base)), (unroll, in_place)
 
 
 def test_empty_inputs_and_zero_head_k():

@@ -44,6 +44,28 @@ def decode_shapes():
                   f"{'ok' if ok else 'BAD'} graph {best(call, graph=True):.2f}")
 
 
+def ncu_prefill(layout="bshd", shape=(4, 4096, 32, 128), dtype=torch.bfloat16):
+    """One prefill launch each of tables, computed angles, torch.compile and a copy, for ncu."""
+    x, cos, sin = make(layout, shape, dtype)
+    rows = cos[None, :, :] if layout == "bshd" else cos[:, None, :]
+    srows = sin[None, :, :] if layout == "bshd" else sin[:, None, :]
+    comp = _compiled_apply()
+    same = torch.empty_like(x)
+    calls = [lambda: api.apply_rope(x, cos=cos, sin=sin, layout=layout, check_positions=False),
+             lambda: api.apply_rope(x, layout=layout),
+             lambda: comp(x, None, rows, srows, 2),
+             lambda: same.copy_(x)]
+    for _ in range(3):
+        for f in calls:
+            f()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for f in calls:
+        f()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def ncu_target():
     """One decode launch of each, for ncu (after warm-up)."""
     x, cos, sin, offs, rows, srows = decode_inputs()
@@ -60,7 +82,9 @@ def ncu_target():
 
 
 if __name__ == "__main__":
-    if "--ncu" in sys.argv:
+    if "--ncu-prefill" in sys.argv:
+        ncu_prefill()
+    elif "--ncu" in sys.argv:
         ncu_target()
     else:
         sbhd_fold()
