@@ -383,14 +383,18 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
   // Given tables: each rotary thread loads its cos/sin chunk once and reuses it for every head.
   // Unrolled steps whose position needs no memory read (0..S-1 plus a scalar): before the first
   // rows, so the chunk (an L2 hit) is back before them (1-2.5% on prefill; one head per step was
-  // 2.5% slower with it). Otherwise after the first rows are in flight: in-order issue would
-  // hold every load behind one that waits for the position.
+  // 2.5% slower with it). Otherwise after the first rows are in flight, since in-order issue
+  // would hold every load behind one that waits for the position; unrolled steps still issue
+  // an id or offset load before the rows (a thd search stays after them).
   bool have_angles = COMPUTED;
-  if constexpr (!COMPUTED && UNROLL > 1) {
-    if (rotary && p.pos_mode == 0 && p.nseq == 0) {
-      pos = token_position(p, b, s);
-      table_angles<TT, V, INTERLEAVED, SPLIT>(p, pos, chunk, elem, first_half, ang);
-      have_angles = true;
+  constexpr bool EARLY = !COMPUTED && UNROLL > 1;
+  if constexpr (EARLY) {
+    if (rotary && p.nseq == 0) {
+      pos = token_position(p, b, s);  // ids and offsets: one load, in flight before the rows
+      if (p.pos_mode == 0) {
+        table_angles<TT, V, INTERLEAVED, SPLIT>(p, pos, chunk, elem, first_half, ang);
+        have_angles = true;
+      }
     }
   }
 
@@ -446,7 +450,7 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
       if (rotary) {
         if constexpr (!COMPUTED) {
           if ((FLAGS & RELOAD_TABLE) || !have_angles) {  // RELOAD_TABLE: again for every head
-            if (!have_angles) pos = token_position(p, b, s);
+            if (!have_angles && (!EARLY || p.nseq > 0)) pos = token_position(p, b, s);
             table_angles<TT, V, INTERLEAVED, SPLIT>(p, pos, chunk, elem, first_half, ang);
             have_angles = true;
           }
