@@ -92,6 +92,12 @@ def main():
                                                                 check_positions=False),
         "torch.compile (rows gathered)": lambda: comp(x, None, rows, srows, 2),
     }
+    for cap in (4, 2):
+        for unroll in (None, 1):
+            t = api.Tuning(vector_cap=cap, unroll=unroll)
+            calls[f"study.apply_rope, offsets, V<={cap} unroll {unroll}"] = (
+                lambda t=t: api.apply_rope(x, cos=cos, sin=sin, offsets=offs,
+                                           check_positions=False, _tuning=t))
     for name in ("minimal, rows gathered, 256 thr", "minimal, through offsets, 256 thr"):
         out.fill_(float("nan"))
         calls[name]()
