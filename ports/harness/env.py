@@ -34,10 +34,18 @@ def _version(module: str) -> str:
 
 
 def _git_sha() -> str:
+    """The checkout's commit, with "+dirty" when tracked files differ from it (a copied tree)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=here, text=True, capture_output=True,
+                              timeout=5).stdout.strip()
+
     try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, text=True,
-                              capture_output=True, timeout=5).stdout.strip() or "unknown"
+        sha = git("rev-parse", "--short", "HEAD")
+        if not sha:
+            return "unknown"
+        return sha + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
     except Exception:
         return "unknown"
 
