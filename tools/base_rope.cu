@@ -1,0 +1,465 @@
+// The study's own RoPE kernel: one launch rotates q and k (any head counts) in any of the
+// sbhd / bshd / bhsd / thd layouts, with any strides whose last dimension is contiguous.
+//
+// Thread map (no integer division on the hot path):
+//   grid  (ceil(S / blockDim.z), B, head_splits)   token-in-sequence blocks x sequences x head ranges
+//   block (chunks, head_lanes, tokens)              chunk threads x head lanes x tokens
+// When the sequence stride is the outer one (sbhd) and angles are computed, the grid walks the
+// (s, b) tokens in memory order instead: grid (ceil(S * B / blockDim.z), 1, head_splits),
+// b = t % B, s = t / B (one division per thread, not per element).
+// A chunk thread owns V elements (16 bytes when sizes and strides allow). Rotate-half: V elements
+// of one half, plus a load of their partners in the other half (BOTH_HALVES, used in place and
+// for rows wider than a block: V elements of each half). Interleaved: the V/2 pairs of its chunk.
+// It walks the heads of its token, UNROLL heads per step (all loads first, then math and stores),
+// reusing its cos/sin for every head of q and k. Chunks past the rotary ones copy the
+// pass-through tail [R, D) bit-exactly (out-of-place calls only).
+//
+// Positions: 0..S-1 (+ a per-sequence offset, or a scalar), or per-token ids; thd finds each
+// token's sequence by binary search over cu_seqlens. cos/sin either come from tables [L, R] or
+// [L, R/2], each thread loading its chunk once: before its first rows in unrolled steps whose
+// position needs no memory read, after them otherwise (rows clamped to [0, L): the host checks the range, the
+// clamp keeps a skipped check in bounds), or are computed once per token, before any data load,
+// into shared memory: pos * inv_freq and sincos in fp64, rounded once (fp32 outputs keep a
+// hi + lo pair). Math is fp32 with one rounding at the store; fp32 outputs use Kahan's FMA
+// product sum so they stay within one rounding step.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+// Resident blocks of 256 threads per SM the register budget must allow: one head per step from
+// given tables, a thread per chunk, fits 6 blocks (<= 40 registers, no spills); the unrolled
+// steps, computed angles and both-halves threads keep their registers (a cap spills there).
+// tools/study_sweep.py overrides it with -DSTUDY_MIN_BLOCKS_CAP=N.
+#ifdef STUDY_MIN_BLOCKS_CAP
+#define STUDY_MIN_BLOCKS(unroll, computed, flags) STUDY_MIN_BLOCKS_CAP
+#else
+#define STUDY_MIN_BLOCKS(unroll, computed, flags) \
+  ((unroll) == 1 && !(computed) && !((flags) & BOTH_HALVES) ? 6 : 1)
+#endif
+
+// Ablation switches (the FLAGS template argument); 0 is the shipped design.
+#define RELOAD_TABLE 1    // load cos/sin again for every head instead of once per token
+#define NO_CACHE_HINTS 2  // plain loads/stores instead of streaming (evict-first) ones
+#define ANGLE_FP32 4      // computed angles: fp32 pos * inv_freq and sincosf (the common design)
+#define DIVIDE 8          // recover (b, s, h, chunk) from a flat index with div/mod per head
+#define BOTH_HALVES 16    // rotate-half: a thread owns a chunk of each half (no partner loads)
+
+struct Params {
+  // Per call (packed on every launch): pointers and the scalar position offset.
+  unsigned long long in[2], out[2];             // q, k (k: 0 when absent); out == in in place
+  unsigned long long cos, sin, inv_freq, pos, cu_seqlens;
+  long long pos_add;                            // scalar added to every position
+  // Per problem (packed once per shape, cached on the host).
+  long long in_sb[2], in_ss[2], in_sh[2];       // element strides of batch, sequence, head
+  long long out_sb[2], out_ss[2], out_sh[2];
+  long long pos_sb, pos_ss;                     // ids strides (offsets: pos_sb only)
+  long long table_rows, table_stride;           // rows L and row stride of cos/sin
+  int heads[2];                                 // q heads, k heads (0 without k)
+  int seqlen;                                   // S (thd: total tokens T)
+  int nseq;                                     // thd: sequences in cu_seqlens; else 0
+  int rot_chunks, tail_chunks;                  // chunk threads per row: rotary, pass-through
+  int heads_per_split;                          // heads one block covers (grid.z splits)
+  int pos_mode;                                 // 0: 0..S-1, 1: per-sequence offset, 2: ids
+  int pos_int32;                                // positions tensor is int32 (else int64)
+  int half_table;                               // tables are [L, R/2] (one angle per pair)
+  int half;                                     // R / 2
+  int backward;                                 // rotate by -theta (the transpose)
+  int fold;                                     // B when the grid walks (s, b) b-fastest, else 0
+  int pad;                                      // keeps the struct a multiple of 8 bytes
+};
+
+template <typename T> __device__ __forceinline__ float to_float(T v);
+template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+template <int BYTES> struct Word;
+template <> struct Word<16> { using type = uint4; };
+template <> struct Word<8> { using type = uint2; };
+template <> struct Word<4> { using type = unsigned int; };
+template <> struct Word<2> { using type = unsigned short; };
+
+template <typename W, bool STREAM> __device__ __forceinline__ W load_word(const W* p) {
+  if constexpr (STREAM) return __ldcs(p); else return *p;
+}
+template <typename W, bool STREAM> __device__ __forceinline__ void store_word(W* p, W v) {
+  if constexpr (STREAM) __stcs(p, v); else *p = v;
+}
+
+// N elements of T at p (aligned to min(16, N * sizeof(T)) bytes), as floats.
+template <typename T, int N, bool STREAM>
+__device__ __forceinline__ void load_floats(const T* p, float (&out)[N]) {
+  constexpr int BYTES = N * (int)sizeof(T) < 16 ? N * (int)sizeof(T) : 16;
+  constexpr int PER = BYTES / (int)sizeof(T);
+  using W = typename Word<BYTES>::type;
+#pragma unroll
+  for (int i = 0; i < N / PER; ++i) {
+    W w = load_word<W, STREAM>(reinterpret_cast<const W*>(p) + i);
+    const T* e = reinterpret_cast<const T*>(&w);
+#pragma unroll
+    for (int j = 0; j < PER; ++j) out[i * PER + j] = to_float(e[j]);
+  }
+}
+
+// V elements of T kept as the raw words they travel in (half the registers of floats for
+// 16-bit types); converted to fp32 only inside the rotation.
+template <typename T, int V> struct Chunk {
+  static constexpr int BYTES = V * (int)sizeof(T) < 16 ? V * (int)sizeof(T) : 16;
+  using W = typename Word<BYTES>::type;
+  static constexpr int WORDS = V * (int)sizeof(T) / BYTES;
+  W w[WORDS];
+  __device__ __forceinline__ float get(int i) const {
+    return to_float(reinterpret_cast<const T*>(w)[i]);
+  }
+  __device__ __forceinline__ void set(int i, float v) { reinterpret_cast<T*>(w)[i] = from_float<T>(v); }
+};
+
+template <typename T, int V, bool STREAM>
+__device__ __forceinline__ void load_chunk(const T* p, Chunk<T, V>& c) {
+  using W = typename Chunk<T, V>::W;
+#pragma unroll
+  for (int i = 0; i < Chunk<T, V>::WORDS; ++i) c.w[i] = load_word<W, STREAM>(reinterpret_cast<const W*>(p) + i);
+}
+
+template <typename T, int V, bool STREAM>
+__device__ __forceinline__ void store_chunk(T* p, const Chunk<T, V>& c) {
+  using W = typename Chunk<T, V>::W;
+#pragma unroll
+  for (int i = 0; i < Chunk<T, V>::WORDS; ++i) store_word<W, STREAM>(reinterpret_cast<W*>(p) + i, c.w[i]);
+}
+
+__device__ __forceinline__ long long read_position(const Params& p, long long i) {
+  return p.pos_int32 ? (long long)reinterpret_cast<const int*>(p.pos)[i]
+                     : reinterpret_cast<const long long*>(p.pos)[i];
+}
+
+// The token's rotary position; for thd also its sequence.
+__device__ __forceinline__ long long token_position(const Params& p, int b, int s) {
+  long long local = s;
+  int seq = b;
+  if (p.nseq > 0) {  // thd: the sequence holding token s, by binary search over cu_seqlens
+    const int* cu = reinterpret_cast<const int*>(p.cu_seqlens);
+    int lo = 0, hi = p.nseq;
+    while (hi - lo > 1) {
+      int mid = (lo + hi) >> 1;
+      if (cu[mid] <= s) lo = mid; else hi = mid;
+    }
+    seq = lo;
+    local = s - cu[lo];
+  }
+  long long pos = local;
+  if (p.pos_mode == 1) pos += read_position(p, seq * p.pos_sb);
+  else if (p.pos_mode == 2) pos = read_position(p, b * p.pos_sb + (long long)s * p.pos_ss);
+  return pos + p.pos_add;
+}
+
+// Elements one chunk thread rotates per head: rotate-half pairs (a[i], b[i]) = (x[j], x[j + R/2]);
+// interleaved pairs (v[2i], v[2i+1]). cA/sA rotate the first member, cB/sB the second:
+//   first' = first * cA - second * sA;   second' = second * cB + first * sB.
+template <int V, bool INTERLEAVED> struct Angles {
+  static constexpr int N = INTERLEAVED ? V / 2 : V;
+  float cA[N], sA[N], cB[N], sB[N];
+  // Computed angles for fp32 outputs: the low parts of cA, sA (cos = cA + cAl exactly to ~2^-48;
+  // computed tables are symmetric, so they serve B too). Unused (and removed) otherwise.
+  float cAl[N], sAl[N];
+};
+
+// A table row, clamped to [0, L): the host checks positions; the clamp keeps a skipped check
+// (check_positions=False) in bounds.
+__device__ __forceinline__ long long table_row(const Params& p, long long pos) {
+  return pos < 0 ? 0 : pos >= p.table_rows ? p.table_rows - 1 : pos;
+}
+
+template <typename TT, int V, bool INTERLEAVED>
+__device__ __forceinline__ void load_table(const Params& p, long long pos, int chunk,
+                                           Angles<V, INTERLEAVED>& a) {
+  const long long row = table_row(p, pos);
+  const TT* cos = reinterpret_cast<const TT*>(p.cos) + row * p.table_stride;
+  const TT* sin = reinterpret_cast<const TT*>(p.sin) + row * p.table_stride;
+  constexpr int N = Angles<V, INTERLEAVED>::N;
+  if constexpr (INTERLEAVED) {
+    if (p.half_table) {
+      load_floats<TT, N, false>(cos + chunk * N, a.cA);
+      load_floats<TT, N, false>(sin + chunk * N, a.sA);
+#pragma unroll
+      for (int i = 0; i < N; ++i) { a.cB[i] = a.cA[i]; a.sB[i] = a.sA[i]; }
+    } else {
+      float c[V], s[V];
+      load_floats<TT, V, false>(cos + chunk * V, c);
+      load_floats<TT, V, false>(sin + chunk * V, s);
+#pragma unroll
+      for (int i = 0; i < N; ++i) {
+        a.cA[i] = c[2 * i]; a.cB[i] = c[2 * i + 1]; a.sA[i] = s[2 * i]; a.sB[i] = s[2 * i + 1];
+      }
+    }
+  } else {
+    load_floats<TT, N, false>(cos + chunk * N, a.cA);
+    load_floats<TT, N, false>(sin + chunk * N, a.sA);
+    if (p.half_table) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) { a.cB[i] = a.cA[i]; a.sB[i] = a.sA[i]; }
+    } else {
+      load_floats<TT, N, false>(cos + p.half + chunk * N, a.cB);
+      load_floats<TT, N, false>(sin + p.half + chunk * N, a.sB);
+    }
+  }
+}
+
+// Backward rotates by the transpose: first' = first*cA + second*sB; second' = second*cB - first*sA.
+template <int V, bool INTERLEAVED>
+__device__ __forceinline__ void transpose_angles(Angles<V, INTERLEAVED>& a) {
+#pragma unroll
+  for (int i = 0; i < Angles<V, INTERLEAVED>::N; ++i) {
+    float t = a.sA[i];
+    a.sA[i] = -a.sB[i];
+    a.sB[i] = -t;
+    a.sAl[i] = -a.sAl[i];  // symmetric when used (computed angles)
+  }
+}
+
+// Rotate-half (unless BOTH_HALVES): a thread owns V elements of one half only. It rotates them with its own cosine
+// and a signed sine: forward, own sine (first half: -s, second: +s); backward (the transpose),
+// the partner's sine (first half: +s, second: -s). cA holds the cosines, sA the signed sines.
+template <typename TT, int V>
+__device__ __forceinline__ void load_table_split(const Params& p, long long pos, int elem,
+                                                 bool first, Angles<V, false>& a) {
+  const long long row = table_row(p, pos);
+  const TT* cos = reinterpret_cast<const TT*>(p.cos) + row * p.table_stride;
+  const TT* sin = reinterpret_cast<const TT*>(p.sin) + row * p.table_stride;
+  const int own = p.half_table && !first ? elem - p.half : elem;
+  const int partner = p.half_table ? own : (first ? elem + p.half : elem - p.half);
+  load_floats<TT, V, false>(cos + own, a.cA);
+  load_floats<TT, V, false>(sin + (p.backward ? partner : own), a.sA);
+  const float sign = (first != (bool)p.backward) ? -1.f : 1.f;
+#pragma unroll
+  for (int i = 0; i < V; ++i) a.sA[i] *= sign;
+}
+
+// This thread's cos/sin chunk from given tables, for the rotation direction of the call.
+template <typename TT, int V, bool INTERLEAVED, bool SPLIT>
+__device__ __forceinline__ void table_angles(const Params& p, long long pos, int chunk, int elem,
+                                             bool first_half, Angles<V, INTERLEAVED>& a) {
+  if constexpr (SPLIT) {
+    load_table_split<TT, V>(p, pos, elem, first_half, a);
+  } else {
+    load_table<TT, V, INTERLEAVED>(p, pos, chunk, a);
+    if (p.backward) transpose_angles(a);
+  }
+}
+
+// a*b + c*d (+ a*bl + c*dl, the low parts of computed fp32 angles). fp16/bf16 outputs: fp32 FMA,
+// far below their rounding step. fp32 outputs: Kahan's product sum (w = c*d exactly split into
+// w + e by an FMA), within one rounding of the exact sum, so the store stays within one step.
+template <typename T, bool LO>
+__device__ __forceinline__ float mul_add2(float a, float b, float c, float d, float bl, float dl) {
+  if constexpr (sizeof(T) == 4) {
+    const float w = c * d;
+    const float e = fmaf(c, d, -w);
+    const float f = fmaf(a, b, w);
+    float tail = e;
+    if constexpr (LO) tail += fmaf(a, bl, c * dl);
+    return f + tail;
+  } else {
+    return fmaf(a, b, c * d);
+  }
+}
+
+template <typename T, int V, bool INTERLEAVED, bool LO>
+__device__ __forceinline__ void rotate(const Angles<V, INTERLEAVED>& a, Chunk<T, V>& x,
+                                       Chunk<T, V>& y) {
+  // rotate-half: x holds the first members, y the second; interleaved: x holds both, y unused.
+  if constexpr (INTERLEAVED) {
+#pragma unroll
+    for (int i = 0; i < V / 2; ++i) {
+      const float f = x.get(2 * i), g = x.get(2 * i + 1);
+      x.set(2 * i, mul_add2<T, LO>(f, a.cA[i], g, -a.sA[i], a.cAl[i], -a.sAl[i]));
+      x.set(2 * i + 1, mul_add2<T, LO>(g, a.cB[i], f, a.sB[i], a.cAl[i], a.sAl[i]));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float f = x.get(i), g = y.get(i);
+      x.set(i, mul_add2<T, LO>(f, a.cA[i], g, -a.sA[i], a.cAl[i], -a.sAl[i]));
+      y.set(i, mul_add2<T, LO>(g, a.cB[i], f, a.sB[i], a.cAl[i], a.sAl[i]));
+    }
+  }
+}
+
+// Rotate-half, one half per thread: x holds the own elements, y their partners; x is rotated.
+template <typename T, int V, bool LO>
+__device__ __forceinline__ void rotate_split(const Angles<V, false>& a, Chunk<T, V>& x,
+                                             const Chunk<T, V>& y) {
+#pragma unroll
+  for (int i = 0; i < V; ++i)
+    x.set(i, mul_add2<T, LO>(x.get(i), a.cA[i], y.get(i), a.sA[i], a.cAl[i], a.sAl[i]));
+}
+
+template <typename T, typename TT, int V, bool INTERLEAVED, bool COMPUTED, typename IDX,
+          int UNROLL, int FLAGS>
+__global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)) study_rope(const Params p) {
+  constexpr bool STREAM = !(FLAGS & NO_CACHE_HINTS);
+  constexpr bool SPLIT = !INTERLEAVED && !(FLAGS & BOTH_HALVES);
+  // fp32 outputs of computed angles carry each cos/sin as a float pair (hi + lo).
+  constexpr bool LO = COMPUTED && sizeof(T) == 4 && !(FLAGS & ANGLE_FP32);
+  constexpr int N = Angles<V, INTERLEAVED>::N;
+  const int chunk = threadIdx.x;
+  int s = blockIdx.x * blockDim.z + threadIdx.z;
+  int b = blockIdx.y;
+  if (p.fold) {  // s holds the token t = s * B + b
+    b = s % p.fold;
+    s = s / p.fold;
+  }
+  const bool live = s < p.seqlen;
+  const bool rotary = chunk < p.rot_chunks;
+
+  Angles<V, INTERLEAVED> ang;
+  long long pos = (COMPUTED && live) ? token_position(p, b, s) : 0;
+  const int elem = rotary ? chunk * V : 2 * p.half + (chunk - p.rot_chunks) * V;
+  const bool first_half = elem < p.half;  // which half a rotate-half thread owns
+  if constexpr (COMPUTED) {
+    // Computed angles, once per token, before any data load: rows [R] of cos/sin (with LO, also
+    // their low parts) in the style's natural layout in shared memory, each thread of the
+    // token's slice computing some pairs; then this thread's angles from there.
+    extern __shared__ float cs_smem[];
+    const int R = 2 * p.half;
+    float* c_row = cs_smem + threadIdx.z * (LO ? 4 : 2) * R;
+    float* s_row = c_row + R;
+    float* cl_row = s_row + R;
+    float* sl_row = cl_row + R;
+    if (live) {
+      const double* inv_freq = reinterpret_cast<const double*>(p.inv_freq);
+      for (int j = threadIdx.x + threadIdx.y * blockDim.x; j < p.half;
+           j += blockDim.x * blockDim.y) {
+        const int e0 = INTERLEAVED ? 2 * j : j, e1 = INTERLEAVED ? 2 * j + 1 : j + p.half;
+        float c, sn, cl = 0.f, sl = 0.f;
+        if constexpr (FLAGS & ANGLE_FP32) {
+          sincosf((float)pos * (float)inv_freq[j], &sn, &c);
+        } else {
+          double cd, sd;
+          sincos((double)pos * inv_freq[j], &sd, &cd);  // pos * inv_freq is exact in fp64
+          c = (float)cd; sn = (float)sd;
+          cl = (float)(cd - (double)c); sl = (float)(sd - (double)sn);
+        }
+        c_row[e0] = c_row[e1] = c;
+        s_row[e0] = s_row[e1] = sn;
+        if constexpr (LO) { cl_row[e0] = cl_row[e1] = cl; sl_row[e0] = sl_row[e1] = sl; }
+      }
+    }
+    __syncthreads();
+    if (live && rotary) {
+      if constexpr (SPLIT) {
+        // Own cosine; forward the own sine, backward the partner's (the transpose), signed.
+        const int own = chunk * V, partner = first_half ? own + p.half : own - p.half;
+        const int sine = p.backward ? partner : own;
+        const float sign = (first_half != (bool)p.backward) ? -1.f : 1.f;
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          ang.cA[i] = c_row[own + i];
+          ang.sA[i] = sign * s_row[sine + i];
+          if constexpr (LO) { ang.cAl[i] = cl_row[own + i]; ang.sAl[i] = sign * sl_row[sine + i]; }
+        }
+      } else {
+        // Interleaved: members (2i, 2i+1) of the chunk; BOTH_HALVES: (i, i + R/2).
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+          const int e0 = INTERLEAVED ? chunk * V + 2 * i : chunk * V + i;
+          const int e1 = INTERLEAVED ? e0 + 1 : e0 + p.half;
+          ang.cA[i] = c_row[e0]; ang.cB[i] = c_row[e1];
+          ang.sA[i] = s_row[e0]; ang.sB[i] = s_row[e1];
+          if constexpr (LO) { ang.cAl[i] = cl_row[e0]; ang.sAl[i] = sl_row[e0]; }
+        }
+        if (p.backward) transpose_angles(ang);
+      }
+    }
+  }
+  if (!live) return;
+  // Given tables: each rotary thread loads its cos/sin chunk once and reuses it for every head.
+  // Unrolled steps whose position needs no memory read (0..S-1 plus a scalar): before the first
+  // rows, so the chunk (an L2 hit) is back before them (1-2.5% on prefill; one head per step was
+  // 2.5% slower with it). Otherwise after the first rows are in flight: in-order issue would
+  // hold every load behind one that waits for the position.
+  bool have_angles = COMPUTED;
+  if constexpr (!COMPUTED && UNROLL > 1) {
+    if (rotary && p.pos_mode == 0 && p.nseq == 0) {
+      pos = token_position(p, b, s);
+      table_angles<TT, V, INTERLEAVED, SPLIT>(p, pos, chunk, elem, first_half, ang);
+      have_angles = true;
+    }
+  }
+
+  const int htot = p.heads[0] + p.heads[1];
+  const int hbeg = blockIdx.z * p.heads_per_split;
+  const int hend = min(hbeg + p.heads_per_split, htot);
+  // This token's element offsets in q and k, in and out (tensor 1 is k; selects, not arrays
+  // indexed at run time, keep everything in registers).
+  const IDX q_in = (IDX)b * (IDX)p.in_sb[0] + (IDX)s * (IDX)p.in_ss[0] + (IDX)elem;
+  const IDX k_in = (IDX)b * (IDX)p.in_sb[1] + (IDX)s * (IDX)p.in_ss[1] + (IDX)elem;
+  const IDX q_out = (IDX)b * (IDX)p.out_sb[0] + (IDX)s * (IDX)p.out_ss[0] + (IDX)elem;
+  const IDX k_out = (IDX)b * (IDX)p.out_sb[1] + (IDX)s * (IDX)p.out_ss[1] + (IDX)elem;
+  const int hq = p.heads[0];
+  // Offset of the rotate-half partners: the other half (BOTH_HALVES: the second half).
+  const int second = INTERLEAVED ? 0 : (SPLIT && !first_half) ? -p.half : p.half;
+  const int lanes = blockDim.y;
+
+  for (int h0 = hbeg + threadIdx.y; h0 < hend; h0 += UNROLL * lanes) {
+    Chunk<T, V> x[UNROLL], y[UNROLL];
+    const T* src[UNROLL];
+    T* dst[UNROLL];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      const int h = h0 + u * lanes;
+      if (h >= hend) continue;
+      const bool is_k = h >= hq;
+      const int hh = is_k ? h - hq : h;
+      IDX from, to;
+      if constexpr (FLAGS & DIVIDE) {
+        // Ablation: the flat-index designs' div/mod, (b, s, h) recovered from one id per head.
+        const IDX chunks = (IDX)(p.rot_chunks + p.tail_chunks);
+        const IDX rows = (IDX)(is_k ? p.heads[1] : hq) * chunks;
+        const IDX per_seq = (IDX)p.seqlen * rows;
+        const IDX flat = ((IDX)b * (IDX)p.seqlen + (IDX)s) * rows + (IDX)hh * chunks + (IDX)chunk;
+        const IDX fb = flat / per_seq, fs = (flat % per_seq) / rows, fh = (flat % rows) / chunks;
+        from = fb * (IDX)(is_k ? p.in_sb[1] : p.in_sb[0]) + fs * (IDX)(is_k ? p.in_ss[1] : p.in_ss[0])
+               + fh * (IDX)(is_k ? p.in_sh[1] : p.in_sh[0]) + (IDX)elem;
+        to = fb * (IDX)(is_k ? p.out_sb[1] : p.out_sb[0]) + fs * (IDX)(is_k ? p.out_ss[1] : p.out_ss[0])
+             + fh * (IDX)(is_k ? p.out_sh[1] : p.out_sh[0]) + (IDX)elem;
+      } else {
+        from = (is_k ? k_in : q_in) + (IDX)hh * (IDX)(is_k ? p.in_sh[1] : p.in_sh[0]);
+        to = (is_k ? k_out : q_out) + (IDX)hh * (IDX)(is_k ? p.out_sh[1] : p.out_sh[0]);
+      }
+      src[u] = reinterpret_cast<const T*>(is_k ? p.in[1] : p.in[0]) + from;
+      dst[u] = reinterpret_cast<T*>(is_k ? p.out[1] : p.out[0]) + to;
+      // Every load of the step is issued before any math or store.
+      load_chunk<T, V, STREAM>(src[u], x[u]);
+      if (!INTERLEAVED && rotary) load_chunk<T, V, STREAM>(src[u] + second, y[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+      if (h0 + u * lanes >= hend) continue;
+      if (rotary) {
+        if constexpr (!COMPUTED) {
+          if ((FLAGS & RELOAD_TABLE) || !have_angles) {  // RELOAD_TABLE: again for every head
+            if (!have_angles) pos = token_position(p, b, s);
+            table_angles<TT, V, INTERLEAVED, SPLIT>(p, pos, chunk, elem, first_half, ang);
+            have_angles = true;
+          }
+        }
+        if constexpr (SPLIT) {
+          rotate_split<T, V, LO>(ang, x[u], y[u]);
+        } else {
+          rotate<T, V, INTERLEAVED, LO>(ang, x[u], y[u]);
+          if constexpr (!INTERLEAVED) store_chunk<T, V, STREAM>(dst[u] + second, y[u]);
+        }
+      }
+      // Pass-through tail threads store their raw words unchanged (bit-exact).
+      store_chunk<T, V, STREAM>(dst[u], x[u]);
+    }
+  }
+}
