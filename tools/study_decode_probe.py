@@ -24,6 +24,22 @@ SRC = r'''
 struct Big { unsigned long long w[33]; };
 extern "C" __global__ void empty_small(unsigned long long) {}
 extern "C" __global__ void empty_big(Big) {}
+// Reading the argument: one 64-byte line, five lines at once, five lines one after another.
+extern "C" __global__ void read_one_line(Big p, unsigned long long* out) {
+  if (p.w[blockIdx.x & 1] == 12345) out[0] = 1;
+}
+extern "C" __global__ void read_five_lines(Big p, unsigned long long* out) {
+  const unsigned long long v = p.w[0] + p.w[8] + p.w[16] + p.w[24] + p.w[32];
+  if (v == 12345 + blockIdx.x) out[0] = v;
+}
+extern "C" __global__ void read_five_lines_chained(Big p, unsigned long long* out) {
+  unsigned long long v = p.w[0];
+  if (v == 0) v = p.w[8] + 1;
+  if (v == 1) v = p.w[16] + 2;
+  if (v == 2) v = p.w[24] + 3;
+  if (v == 3) v = p.w[32] + 4;
+  if (v == 12345 + blockIdx.x) out[0] = v;
+}
 
 // x [B, 1, H, D] bf16; row r of cos/sin: rows[b] (gathered) or table[offs[b]] (through offsets).
 template <bool GATHERED>
@@ -64,6 +80,7 @@ def main():
     small, big = mod.get_function("empty_small"), mod.get_function("empty_big")
     import numpy as np
     big_arg = np.zeros(1, dtype=[("w", np.uint64, (33,))])[0]  # a 264-byte struct by value
+    sink = torch.zeros(1, dtype=torch.int64, device="cuda")
     x, cos, sin, offs, rows, srows = decode_inputs()
     out = torch.empty_like(x)
     n = x.numel() // 8
@@ -82,6 +99,9 @@ def main():
     calls = {
         "empty kernel, 8 B argument": _on_torch_stream(small, (1,), (32,), (cp.uint64(0),)),
         "empty kernel, 264 B argument": _on_torch_stream(big, (1,), (32,), (big_arg,)),
+        **{f"{k}, 320 x 112 threads": _on_torch_stream(
+            mod.get_function(k), (320,), (112,), (big_arg, sink.data_ptr()))
+           for k in ("read_one_line", "read_five_lines", "read_five_lines_chained")},
         "minimal, rows gathered, 128 thr": minimal(True, 128),
         "minimal, rows gathered, 256 thr": minimal(True, 256),
         "minimal, through offsets, 128 thr": minimal(False, 128),
