@@ -20,8 +20,8 @@
 // position needs no memory read, after them otherwise (rows clamped to [0, L): the host checks
 // the range, the clamp keeps a skipped check in bounds), or are computed once per token, before
 // any data load, into shared memory: pos * inv_freq and sincos in fp64, rounded once (fp32
-// outputs keep a hi + lo pair). Math is fp32 with one rounding at the store; fp32 outputs use Kahan's FMA
-// product sum so they stay within one rounding step.
+// outputs keep a hi + lo pair). Math is fp32 with one rounding at the store; fp32 outputs use
+// Kahan's FMA product sum so they stay within one rounding step.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
