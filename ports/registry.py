@@ -23,7 +23,7 @@ def _load() -> tuple[ImplSpec, ...]:
     from ports.leetcuda import canonical as leetcuda
     from ports.oneflow import canonical as oneflow
     from ports.paddle import canonical as paddle
-    from ports.study import canonical as study
+    from ports.fastrope import canonical as study
     from ports.te_triton import canonical as te_triton
 
     specs = (*eager.SPECS, *leetcuda.SPECS, *apex.SPECS, *paddle.SPECS, *oneflow.SPECS,

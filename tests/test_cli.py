@@ -10,7 +10,7 @@ import pytest
 
 from ports import registry
 from ports.harness import cli, report
-from ports.harness.study import Result
+from ports.harness.runner import Result
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,9 +118,9 @@ def test_nothing_to_run(capsys):
 
 
 def test_failure_stops_unless_keep_going(capsys, monkeypatch):
-    from ports.harness import study
+    from ports.harness import runner
 
-    real = study.check_outputs
+    real = runner.check_outputs
 
     def failing(case, spec, *a, **k):
         r = real(case, spec, *a, **k)
@@ -128,7 +128,7 @@ def test_failure_stops_unless_keep_going(capsys, monkeypatch):
             r.status, r.reason = "FAIL", "injected"
         return r
 
-    monkeypatch.setattr(study, "check_outputs", failing)
+    monkeypatch.setattr(runner, "check_outputs", failing)
     code, out, err = run(capsys, "--shape", "1x4x1x8", "--dtype", "fp32", "fp64")
     assert code == 1 and out.count("## ") == 1 and "--keep-going" in err
     code, out, _ = run(capsys, "--shape", "1x4x1x8", "--dtype", "fp32", "fp64", "--keep-going")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ports import registry
-from ports.harness.study import run_case
+from ports.harness.runner import run_case
 from ports.harness.suites import crossval
 
 @pytest.mark.gpu

@@ -15,7 +15,7 @@ import torch
 
 from _oneflow_reference import reference, to_logical
 from ports import _alloc, oneflow, paddle, registry
-from ports.harness.study import run_case
+from ports.harness.runner import run_case
 from ports.oneflow.canonical import ANGLE_REL_ERR_FAITHFUL, ANGLE_REL_ERR_FP32, ONEFLOW_STEPS
 from reference.case import RopeCase, make_inputs
 from reference.tolerances import tolerance

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ports import _triton, registry
-from ports.harness.study import run_case
+from ports.harness.runner import run_case
 from reference.case import RopeCase, make_inputs
 from reference.expected import expected, tolerances
 

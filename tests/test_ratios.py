@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from ports.harness import cli, report, study, timing
-from ports.harness.study import COMPILE, CaseReport, Result
+from ports.harness import cli, report, runner, timing
+from ports.harness.runner import COMPILE, CaseReport, Result
 from reference.case import RopeCase
 
 CASE = RopeCase(1, 64, 2, 128, dtype="bf16")
@@ -20,8 +20,8 @@ def timed(name: str, us: float, graph_us: float | None = None) -> Result:
 
 
 def with_ratios(results: list[Result], copy_same_us: float | None = None) -> list[Result]:
-    study._compile_ratios(results)
-    study._pct_size_copy(results, copy_same_us)
+    runner._compile_ratios(results)
+    runner._pct_size_copy(results, copy_same_us)
     return results
 
 
@@ -147,7 +147,7 @@ def test_run_case_on_cpu_times_nothing():
     from ports import registry
 
     specs = [registry.get("torch.hf_rotate_half")]
-    rep = study.run_case(RopeCase(1, 4, 1, 8), specs, targets=frozenset({"cpu"}),
+    rep = runner.run_case(RopeCase(1, 4, 1, 8), specs, targets=frozenset({"cpu"}),
                          device=torch.device("cpu"))
     assert rep.copy_same_us is None and "same-size copy" not in report.case_table(rep)
     assert all(r.vs_compile is None and r.pct_size_copy is None for r in rep.results)

@@ -5,7 +5,7 @@ import pytest
 
 from ports import registry
 from ports._spec import ALL_LAYOUTS, ALL_POSITIONS, ALL_STYLES
-from ports.harness.study import run_case
+from ports.harness.runner import run_case
 from ports.harness.suites import smoke
 from reference.case import DTYPES, RopeCase
 from reference.expected import TABLE_SOURCES

@@ -11,7 +11,7 @@ import torch
 
 from ports import registry
 from ports.harness import env
-from ports.harness.study import run_case
+from ports.harness.runner import run_case
 from reference.case import RopeCase, make_inputs
 from reference.expected import expected
 

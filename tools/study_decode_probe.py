@@ -16,7 +16,7 @@ import torch
 
 from ports import _cupy
 from ports.eager.canonical import _compiled_apply
-from ports.study import api
+from ports.fastrope import api
 from tools.study_probe import best, decode_inputs
 
 SRC = r'''
@@ -106,16 +106,16 @@ def main():
         "minimal, rows gathered, 256 thr": minimal(True, 256),
         "minimal, through offsets, 128 thr": minimal(False, 128),
         "minimal, through offsets, 256 thr": minimal(False, 256),
-        "study.apply_rope, offsets": lambda: api.apply_rope(x, cos=cos, sin=sin, offsets=offs,
+        "fastrope.apply_rope, offsets": lambda: api.apply_rope(x, cos=cos, sin=sin, offsets=offs,
                                                              check_positions=False),
-        "study.apply_rope, int offset": lambda: api.apply_rope(x, cos=cos, sin=sin, offsets=7,
+        "fastrope.apply_rope, int offset": lambda: api.apply_rope(x, cos=cos, sin=sin, offsets=7,
                                                                 check_positions=False),
         "torch.compile (rows gathered)": lambda: comp(x, None, rows, srows, 2),
     }
     for cap in (4, 2):
         for unroll in (None, 1):
             t = api.Tuning(vector_cap=cap, unroll=unroll)
-            calls[f"study.apply_rope, offsets, V<={cap} unroll {unroll}"] = (
+            calls[f"fastrope.apply_rope, offsets, V<={cap} unroll {unroll}"] = (
                 lambda t=t: api.apply_rope(x, cos=cos, sin=sin, offsets=offs,
                                            check_positions=False, _tuning=t))
     for name in ("minimal, rows gathered, 256 thr", "minimal, through offsets, 256 thr"):

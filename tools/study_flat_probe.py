@@ -9,7 +9,7 @@ import cupy as cp
 import torch
 
 from ports.eager.canonical import _compiled_apply
-from ports.study import api
+from ports.fastrope import api
 from tools.study_sweep import make, min_of_interleaved
 
 SRC = r'''

@@ -11,7 +11,7 @@ import torch
 
 from ports.eager.canonical import _compiled_apply
 from ports.harness.timing import graph_median_us, median_us
-from ports.study import api
+from ports.fastrope import api
 from reference.case import RopeCase, make_inputs
 from tools.study_sweep import checked_launch, make
 
@@ -23,7 +23,7 @@ def best(fn, reps=3, graph=False):
 
 def sbhd_order():
     print("## sbhd grid order (min of 3 medians, us)")
-    src = pathlib.Path("ports/study/rope.cu").read_text()
+    src = pathlib.Path("ports/fastrope/rope.cu").read_text()
     for shape, dtype in (((4, 4096, 32, 128), torch.bfloat16), ((8, 4096, 64, 128), torch.bfloat16),
                          ((4, 4096, 32, 128), torch.float32), ((1, 4096, 32, 128), torch.bfloat16)):
         x, cos, sin = make("sbhd", shape, dtype)
@@ -80,7 +80,7 @@ def harness_vs_fresh():
           cos.is_contiguous(), "ptr%256", x.data_ptr() % 256, cos.data_ptr() % 256)
     fx, fcos, fsin = make("bshd", (4, 4096, 32, 128), torch.bfloat16)
     from ports.registry import REGISTRY
-    spec = next(s for s in REGISTRY if s.name == "study.rope")
+    spec = next(s for s in REGISTRY if s.name == "fastrope.rope")
     fn = spec.prepare(case, inp)
     print("registry prepare      ", f"{best(fn):.1f}")
     for name, (a, c, s) in {"harness x, harness tables": (x, cos, sin),

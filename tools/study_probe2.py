@@ -7,7 +7,7 @@ import sys
 import torch
 
 from ports.eager.canonical import _compiled_apply
-from ports.study import api
+from ports.fastrope import api
 from tools.study_probe import best, decode_inputs
 from tools.study_sweep import checked_launch, make, min_of_interleaved
 
@@ -34,7 +34,7 @@ def decode_shapes():
     print("## decode b=64 h=32 d=128 bf16 tables, offsets: launch shapes (graph us, min of 3)")
     x, cos, sin, *_ = decode_inputs()
     out = torch.empty_like(x)
-    src = pathlib.Path("ports/study/rope.cu").read_text()
+    src = pathlib.Path("ports/fastrope/rope.cu").read_text()
     ref = api.apply_rope(x, cos=cos, sin=sin)
     for unroll in (1, 2):
         for splits in (None, 1, 2, 4, 8, 16, 32):

@@ -1,11 +1,11 @@
 """Launch-shape sweep of the study kernel (exploration, GPU only).
 
-Times ``ports/study``'s kernel over register caps (``__launch_bounds__`` minimum blocks), heads
+Times ``ports/fastrope``'s kernel over register caps (``__launch_bounds__`` minimum blocks), heads
 per step (unroll) and head splits, optionally from alternative kernel sources, against
 torch.compile of the HF function and a copy of the same bytes, on a few prefill shapes. Every
 configuration's output is checked bit for bit against ``apply_rope``'s.
 
-    PYTHONPATH=. python3 tools/study_sweep.py [--source ports/study/rope.cu variant.cu ...] [--quick]
+    PYTHONPATH=. python3 tools/study_sweep.py [--source ports/fastrope/rope.cu variant.cu ...] [--quick]
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import torch
 from ports import _cupy
 from ports.eager.canonical import _compiled_apply
 from ports.harness.timing import copy_bandwidth_gbps, median_us
-from ports.study import _launch, api
+from ports.fastrope import _launch, api
 
 SHAPES = [  # layout, (b, s, h, d) in bshd order, dtype
     ("bshd", (4, 4096, 32, 128), torch.bfloat16),
@@ -97,7 +97,7 @@ def min_of_interleaved(calls, reps=3, timer=median_us):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--source", nargs="+", default=["ports/study/rope.cu"])
+    ap.add_argument("--source", nargs="+", default=["ports/fastrope/rope.cu"])
     ap.add_argument("--quick", action="store_true", help="fewer configurations")
     ap.add_argument("--default-plan", action="store_true",
                     help="only the shipped plan of each source (min of 3 interleaved medians)")
@@ -158,7 +158,7 @@ def main():
 
 
 def compare_configs(configs, shapes):
-    src = pathlib.Path("ports/study/rope.cu").read_text()
+    src = pathlib.Path("ports/fastrope/rope.cu").read_text()
     dtypes = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
     todo = SHAPES if not shapes else [
         (lay, tuple(int(n) for n in dims.split("x")), dtypes[dt])

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from ports._prepare import forward_or_backward, per_tensor
+from ports._adapters import forward_or_backward, per_tensor
 from ports._spec import INT32_MAX, ImplSpec
 from ports.apex.fused_rotary_positional_embedding import MAX_GRID_YZ
 from reference.case import RopeCase, RopeInputs

@@ -6,7 +6,7 @@ cos/sin tables (torch's fp32 cos/sin of the fp32 angles: within an fp32 rounding
 """
 from __future__ import annotations
 
-from ports._prepare import forward_or_backward, per_tensor
+from ports._adapters import forward_or_backward, per_tensor
 from ports._spec import ImplSpec
 from ports.te_triton.canonical import te_freqs
 from reference.case import RopeCase, RopeInputs

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ports._prepare import forward_or_backward, per_tensor
+from ports._adapters import forward_or_backward, per_tensor
 from ports._spec import ALL_LAYOUTS, ALL_POSITIONS, ImplSpec
 from reference import eager
 from reference.case import RopeCase, RopeInputs

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ports import registry
-from ports.harness.study import run_case
+from ports.harness.runner import run_case
 from reference.case import RopeCase
 
 CUDA_STAND_IN = "apex.fused_rope"  # apex's kernel is TE 1.x's fused RoPE design (issue 3)

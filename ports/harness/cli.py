@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    from ports.harness.study import run_case
+    from ports.harness.runner import run_case
 
     quiet = args.json == "-" or args.csv == "-"
     if not env.has_gpu() and not quiet:

@@ -46,18 +46,18 @@ def measure() -> dict[str, float]:
     results["cached Function, torch stream, no checks"] = _per_call_us(
         lambda: fn((1,), (256,), pargs, stream=stream))
 
-    from ports import study
+    from ports import fastrope
 
     q = torch.randn(1, 1, 4, 64, device="cuda")
     cos, sin = torch.randn(16, 64, device="cuda"), torch.randn(16, 64, device="cuda")
-    results["study.apply_rope_inplace(q, cos=, sin=)"] = _per_call_us(
-        lambda: study.apply_rope_inplace(q, cos=cos, sin=sin))
-    results["study.apply_rope(q, cos=, sin=) (allocates its output)"] = _per_call_us(
-        lambda: study.apply_rope(q, cos=cos, sin=sin))
+    results["fastrope.apply_rope_inplace(q, cos=, sin=)"] = _per_call_us(
+        lambda: fastrope.apply_rope_inplace(q, cos=cos, sin=sin))
+    results["fastrope.apply_rope(q, cos=, sin=) (allocates its output)"] = _per_call_us(
+        lambda: fastrope.apply_rope(q, cos=cos, sin=sin))
     results["(torch.empty_like(q) alone)"] = _per_call_us(lambda: torch.empty_like(q))
     k = torch.randn(1, 1, 2, 64, device="cuda")
-    results["study.apply_rope_inplace(q, k, computed angles)"] = _per_call_us(
-        lambda: study.apply_rope_inplace(q, k))
+    results["fastrope.apply_rope_inplace(q, k, computed angles)"] = _per_call_us(
+        lambda: fastrope.apply_rope_inplace(q, k))
 
     from ports.harness.timing import median_us
 

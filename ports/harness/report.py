@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from tabulate import tabulate
 
 from ports._spec import ImplSpec
-from ports.harness.study import CaseReport, Result
+from ports.harness.runner import CaseReport, Result
 
 RESULT_HEADERS = ("implementation", "check", "max abs err", "max rel err", "err/tol",
                   "median us", "GB/s", "% copy", "vs eager", "÷ compile")

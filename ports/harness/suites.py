@@ -154,7 +154,7 @@ def apex() -> list[RopeCase]:
 def ablation() -> list[RopeCase]:
     """Where the study kernel's ideas matter: prefill (bf16, fp32), a decode step, GQA q+k,
     partial rotary, interleaved, and 128k computed angles. Run with
-    ``--only study study-ablation``."""
+    ``--only fastrope fastrope-ablation``."""
     pre = RopeCase(*STUDY_SHAPE, dtype="bf16", label="ablation prefill")
     return [pre, pre.replace(dtype="fp32"), pre.replace(style="interleaved"),
             pre.replace(rotary_dim=64), pre.replace(kv_heads=8, label="ablation gqa"),

@@ -21,7 +21,7 @@ check, which syncs, is skipped in the timed call).
 """
 from __future__ import annotations
 
-from ports._prepare import forward_or_backward
+from ports._adapters import forward_or_backward
 from ports._spec import ALL_POSITIONS, ImplSpec
 from reference.case import RopeCase, RopeInputs
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ports._prepare import forward_or_backward, per_tensor
+from ports._adapters import forward_or_backward, per_tensor
 from ports._spec import ImplSpec
 from reference.case import RopeCase, RopeInputs
 

@@ -18,12 +18,12 @@ import torch
 
 from ports import registry
 from ports.harness.suites import get_suite
-from ports.study import _launch, apply_rope, apply_rope_inplace
+from ports.fastrope import _launch, apply_rope, apply_rope_inplace
 from reference.case import RopeCase
 
 ENTRY_POINTS = [apply_rope, apply_rope_inplace]
 ENTRY_IDS = ["apply_rope", "apply_rope_inplace"]
-STUDY_NAMES = {"study.rope", "study.rope_computed", "study.rope_inplace"}
+STUDY_NAMES = {"fastrope.rope", "fastrope.rope_computed", "fastrope.rope_inplace"}
 PLAN = _launch.plan  # the real plan, kept before the no_launch fixture replaces it
 
 
@@ -460,25 +460,25 @@ def test_plan_refuses_rows_wider_than_a_block(monkeypatch):
 
 # ---- the registry ------------------------------------------------------------------------------
 def test_study_specs_are_registered():
-    assert {s.name for s in registry.select(["study"])} == STUDY_NAMES
+    assert {s.name for s in registry.select(["fastrope"])} == STUDY_NAMES
     for name in STUDY_NAMES:
         spec = registry.get(name)
-        assert spec.family == "study" and spec.kind != "ablation" and spec.backend == "cupy"
+        assert spec.family == "fastrope" and spec.kind != "ablation" and spec.backend == "cupy"
 
 
 def test_ablations_run_only_when_named():
     default = registry.select()
     assert STUDY_NAMES <= {s.name for s in default}
-    assert not [s.name for s in default if s.kind == "ablation" or s.family == "study-ablation"]
-    ablations = registry.select(["study-ablation"])
+    assert not [s.name for s in default if s.kind == "ablation" or s.family == "fastrope-ablation"]
+    ablations = registry.select(["fastrope-ablation"])
     assert len(ablations) >= 5
-    assert all(s.kind == "ablation" and s.name.startswith("study-ablation.") for s in ablations)
-    one = registry.select(["study-ablation.scalar_access"])
-    assert [s.name for s in one] == ["study-ablation.scalar_access"]
-    assert not {s.name for s in registry.select(["study"])} & {s.name for s in ablations}
+    assert all(s.kind == "ablation" and s.name.startswith("fastrope-ablation.") for s in ablations)
+    one = registry.select(["fastrope-ablation.scalar_access"])
+    assert [s.name for s in one] == ["fastrope-ablation.scalar_access"]
+    assert not {s.name for s in registry.select(["fastrope"])} & {s.name for s in ablations}
 
 
-@pytest.mark.parametrize("spec", registry.select(["study", "study-ablation"]),
+@pytest.mark.parametrize("spec", registry.select(["fastrope", "fastrope-ablation"]),
                          ids=lambda s: s.name)
 def test_study_specs_describe_their_design(spec):
     for field in ("summary", "launch", "access", "math", "per_thread", "upstream"):
@@ -490,25 +490,25 @@ def test_study_spec_support():
     """The study kernel takes every smoke/crossval case on a GPU (computed angles: not the
     asymmetric ones), says why not on a CPU, and refuses fp64 tables."""
     cases = get_suite("smoke") + get_suite("crossval")
-    for spec in registry.select(["study"]):
+    for spec in registry.select(["fastrope"]):
         for case in cases:
             reason = spec.unsupported_reason(case, {"cuda"})
-            if spec.name == "study.rope_computed" and case.asymmetric:
+            if spec.name == "fastrope.rope_computed" and case.asymmetric:
                 assert reason, case.describe()
             else:
                 assert reason is None, (spec.name, case.describe(), reason)
             assert "NVIDIA GPU" in spec.unsupported_reason(case, {"cpu"})
     fp64_tables = RopeCase(2, 8, 2, 16, cos_sin_dtype="fp64")
-    assert "fp64" in registry.get("study.rope").unsupported_reason(fp64_tables, {"cuda"})
-    assert registry.get("study.rope_computed").unsupported_reason(fp64_tables, {"cuda"}) is None
-    assert registry.get("study.rope_computed").table_source == "computed"
+    assert "fp64" in registry.get("fastrope.rope").unsupported_reason(fp64_tables, {"cuda"})
+    assert registry.get("fastrope.rope_computed").unsupported_reason(fp64_tables, {"cuda"}) is None
+    assert registry.get("fastrope.rope_computed").table_source == "computed"
 
 
 # ---- the study suites ---------------------------------------------------------------------------
 def test_ablation_suite_has_cases_every_study_spec_runs():
     cases = get_suite("ablation")
     assert cases and all(isinstance(c, RopeCase) for c in cases)
-    for spec in registry.select(["study", "study-ablation"]):
+    for spec in registry.select(["fastrope", "fastrope-ablation"]):
         for case in cases:
             assert spec.unsupported_reason(case, {"cuda"}) is None, (spec.name, case.describe())
 

@@ -1,24 +1,24 @@
 """Registry entries for the study's own kernel, and its ablations (one idea switched off each).
 
-* ``study.rope``: given cos/sin tables (full width, any of fp32/fp16/bf16), q and k in one call.
-* ``study.rope_computed``: angles computed in the kernel in fp64 from the case's ``inv_freq``.
-* ``study.rope_inplace``: ``apply_rope_inplace`` on copies made in ``prepare`` (the timed call
+* ``fastrope.rope``: given cos/sin tables (full width, any of fp32/fp16/bf16), q and k in one call.
+* ``fastrope.rope_computed``: angles computed in the kernel in fp64 from the case's ``inv_freq``.
+* ``fastrope.rope_inplace``: ``apply_rope_inplace`` on copies made in ``prepare`` (the timed call
   rotates the same buffers again and again; the first call is the one validated).
 
 Positions go in as the case has them: ``arange`` needs nothing, ``offset`` passes the
 per-sequence offsets, ``ids`` the per-token ids; ``check_positions=False`` in the timed call
 (the inputs are in range by construction; the API's default check costs one device sync).
 
-The ablation entries (kind ``ablation``, family ``study-ablation``) run only when named
-(``compare.py --suite ablation --only study study-ablation``).
+The ablation entries (kind ``ablation``, family ``fastrope-ablation``) run only when named
+(``compare.py --suite ablation --only fastrope fastrope-ablation``).
 """
 from __future__ import annotations
 
-from ports._prepare import forward_or_backward
+from ports._adapters import forward_or_backward
 from ports._spec import ALL_LAYOUTS, ALL_POSITIONS, ImplSpec
 from reference.case import RopeCase, RopeInputs
 
-UPSTREAM = "this package (ports/study): the study's answer, no upstream"
+UPSTREAM = "this package (ports/fastrope): the study's answer, no upstream"
 DTYPES = frozenset({"fp32", "fp16", "bf16"})
 STYLES = frozenset({"rotate_half", "interleaved"})
 # Computed angles: pos * inv_freq in fp64 (exact to ~1e-16), then fp64 sincos rounded to fp32:
@@ -60,25 +60,25 @@ def _rotate(case, kw, xs, fn):
 
 def _preparer(computed: bool = False, in_place: bool = False, tuning=None):
     def prepare(case: RopeCase, inputs: RopeInputs):
-        from ports import study
-        from ports.study.api import DEFAULT_TUNING
+        from ports import fastrope
+        from ports.fastrope.api import DEFAULT_TUNING
 
         kw = _kwargs(case, inputs, computed)
         kw["_tuning"] = tuning or DEFAULT_TUNING
         if not in_place:
             return forward_or_backward(
-                case, inputs, lambda xs: _rotate(case, kw, xs, study.apply_rope))
+                case, inputs, lambda xs: _rotate(case, kw, xs, fastrope.apply_rope))
         if case.direction == "backward":  # in place on a copy (autograd refuses leaves)
             return forward_or_backward(case, inputs, lambda xs: _rotate(
-                case, kw, [x.clone() for x in xs], study.apply_rope_inplace))
+                case, kw, [x.clone() for x in xs], fastrope.apply_rope_inplace))
         buffers = [x.clone() for x in inputs.xs]
-        return lambda: _rotate(case, kw, buffers, study.apply_rope_inplace)
+        return lambda: _rotate(case, kw, buffers, fastrope.apply_rope_inplace)
 
     return prepare
 
 
 _COMMON = dict(
-    family="study", backend="cupy", kind="extension", upstream=UPSTREAM, styles=STYLES,
+    family="fastrope", backend="cupy", kind="extension", upstream=UPSTREAM, styles=STYLES,
     layouts=ALL_LAYOUTS, dtypes=DTYPES, partial=True, positions=ALL_POSITIONS, backward=True,
     tensors_per_launch=2, strided=True, index_bits=64, asymmetric_tables=True,
     launch="grid (s/tokens, b, head splits) x block (chunks, head lanes, tokens), from the size;"
@@ -88,16 +88,16 @@ _COMMON = dict(
 )
 
 SPECS = [
-    ImplSpec(name="study.rope", prepare=_preparer(), check=_table_check,
+    ImplSpec(name="fastrope.rope", prepare=_preparer(), check=_table_check,
              summary="the study's kernel: given cos/sin, q and k in one launch",
              math="fp32 (Kahan for fp32 out), table chunk loaded once per token, reused by heads",
              **_COMMON),
-    ImplSpec(name="study.rope_computed", prepare=_preparer(computed=True),
+    ImplSpec(name="fastrope.rope_computed", prepare=_preparer(computed=True),
              summary="the study's kernel: angles computed once per token in fp64",
              table_source="computed", angle_rel_err=ANGLE_REL_ERR_FP64,
              math="fp64 pos*inv_freq and sincos once per token into shared memory, fp32 rotation",
              **dict(_COMMON, asymmetric_tables=False)),
-    ImplSpec(name="study.rope_inplace", prepare=_preparer(in_place=True), check=_table_check,
+    ImplSpec(name="fastrope.rope_inplace", prepare=_preparer(in_place=True), check=_table_check,
              summary="the study's kernel in place (apply_rope_inplace)",
              math="fp32 (Kahan for fp32 out), table chunk loaded once per token, reused by heads",
              **_COMMON),
@@ -105,21 +105,21 @@ SPECS = [
 
 
 def _ablation(name: str, summary: str, tuning_kw: dict, computed: bool = False, **spec_kw):
-    from ports.study.api import Tuning
+    from ports.fastrope.api import Tuning
 
-    base = dict(_COMMON, kind="ablation", family="study-ablation",
+    base = dict(_COMMON, kind="ablation", family="fastrope-ablation",
                 math="the design with one idea switched off")
     if computed:
         base.update(table_source="computed", asymmetric_tables=False,
                     angle_rel_err=ANGLE_REL_ERR_FP64)
     base.update(spec_kw)
-    return ImplSpec(name=f"study-ablation.{name}", summary=summary,
+    return ImplSpec(name=f"fastrope-ablation.{name}", summary=summary,
                     prepare=_preparer(computed=computed, tuning=Tuning(**tuning_kw)),
                     check=None if computed else _table_check, **base)
 
 
 def _ablations() -> list[ImplSpec]:
-    from ports.study import _launch as L
+    from ports.fastrope import _launch as L
 
     return [
         _ablation("scalar_access", "one element per access (no 16-byte vectors)",

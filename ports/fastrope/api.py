@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ports import _alloc, _cupy
-from ports.study import _launch
+from ports.fastrope import _launch
 from reference import tables
 
 STYLES = ("rotate_half", "interleaved")

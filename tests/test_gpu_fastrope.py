@@ -1,4 +1,4 @@
-"""The study kernel (ports/study) on the GPU.
+"""The study kernel (ports/fastrope) on the GPU.
 
 * Cross-validation through the harness (``run_case``: outputs NaN-poisoned, compared with the
   float64 oracle of what each spec consumed, inputs checked unchanged) of the three study specs
@@ -24,10 +24,10 @@ import pytest
 import torch
 
 from ports import _alloc, registry
-from ports.harness.study import run_case
+from ports.harness.runner import run_case
 from ports.harness.suites import get_suite
-from ports.study import apply_rope, apply_rope_inplace
-from ports.study.canonical import ANGLE_REL_ERR_FP64
+from ports.fastrope import apply_rope, apply_rope_inplace
+from ports.fastrope.canonical import ANGLE_REL_ERR_FP64
 from reference.case import RopeCase, RopeInputs, make_inputs
 from reference.expected import expected, tolerances
 from reference.tables import first_members
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.gpu
 
 DEV = torch.device("cuda")
 STYLES = ("rotate_half", "interleaved")
-STUDY = registry.select(["study"])
+STUDY = registry.select(["fastrope"])
 CUDA = frozenset({"cuda"})
 _HEAD_AXIS = {"sbhd": 2, "bshd": 2, "bhsd": 1, "thd": 1}
 
@@ -188,12 +188,12 @@ CASES = [small(c) for name in CROSSVAL_SUITES for c in get_suite(name)] + EDGE_C
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.label}: {c.describe()}")
 def test_study_specs_cross_validate(case):
-    """study.rope, study.rope_computed and study.rope_inplace match the oracle (computed angles
+    """fastrope.rope, fastrope.rope_computed and fastrope.rope_inplace match the oracle (computed angles
     may decline asymmetric tables, with a reason)."""
     report = run_case(case, STUDY, seed=_seed(case), timing_on=False, targets=CUDA, device=DEV)
     assert {r.impl for r in report.results} == {s.name for s in STUDY}
     for r in report.results:
-        if r.status == "unsupported" and r.impl == "study.rope_computed":
+        if r.status == "unsupported" and r.impl == "fastrope.rope_computed":
             assert r.reason and case.asymmetric, (r.impl, r.reason)
             continue
         assert r.status == "ok", (f"{r.impl} on {case.describe()}: {r.status} {r.reason} "
@@ -208,7 +208,7 @@ def test_more_than_2_31_elements():
     case = RopeCase(1, 16385, 1024, 128, dtype="bf16", cos_sin_dtype="same",
                     label="long: 2^31 + 2^17 elements")
     assert case.numel > 2**31
-    report = run_case(case, [registry.get("study.rope")], seed=0, timing_on=False,
+    report = run_case(case, [registry.get("fastrope.rope")], seed=0, timing_on=False,
                       targets=CUDA, device=DEV)
     (result,) = report.results
     assert result.status == "ok", f"{result.status}: {result.reason}"
@@ -542,7 +542,7 @@ def test_heads_per_step_do_not_change_the_bits(style, positions):
     """Small shapes take one head per step; 2 and 4 (the prefill plans, where given tables load
     before the first rows unless the position is read from memory) give the same bits, forward
     and backward, with full and half-width tables, out of place and in place."""
-    from ports.study.api import Tuning
+    from ports.fastrope.api import Tuning
 
     thd = positions == "thd"
     case = RopeCase(4, 64, 3, 32, kv_heads=2, style=style, dtype="bf16",
