@@ -188,10 +188,10 @@ def test_design_table_lists_every_implementation(capsys, tmp_path):
 
 
 def test_accuracy_on_cpu_says_what_it_needs(capsys, monkeypatch, tmp_path):
-    from ports.harness import accuracy
+    from ports.harness import accuracy, preflight
 
     monkeypatch.setattr(accuracy, "MAX_POSITION", 2048)
-    monkeypatch.setattr(accuracy, "BUCKETS", (0, 1024, 2048))
+    monkeypatch.setattr(preflight, "CPU_MAX_POSITION", 2048)
     code, out, _ = run(capsys, "--accuracy", "--only", "torch.hf_rotate_half", "torch.llama_real",
                        "--dtype", "fp32", "bf16", "--plot", str(tmp_path / "acc.png"))
     assert code == 0

@@ -30,10 +30,16 @@ class AccuracyRow:
     per_token: torch.Tensor | None = None  # max abs error per position (for plots)
 
 
-def bucket_labels() -> list[str]:
+def buckets(max_position: int = MAX_POSITION) -> tuple[int, ...]:
+    """The bucket edges up to ``max_position`` (which ends the last bucket)."""
+    return tuple(b for b in BUCKETS if b < max_position) + (max_position,)
+
+
+def bucket_labels(max_position: int = MAX_POSITION) -> list[str]:
     def k(n):
         return f"{n // 1024}k" if n >= 1024 else str(n)
-    return [f"[{k(a)}, {k(b)})" for a, b in zip(BUCKETS[:-1], BUCKETS[1:])]
+    edges = buckets(max_position)
+    return [f"[{k(a)}, {k(b)})" for a, b in zip(edges[:-1], edges[1:])]
 
 
 def _source_label(spec: ImplSpec, case: RopeCase) -> str:
@@ -47,7 +53,8 @@ def _source_label(spec: ImplSpec, case: RopeCase) -> str:
 
 
 def measure(specs: Sequence[ImplSpec], *, dtypes: Sequence[str] = ("fp32", "bf16", "fp16"),
-            targets, device, head_dim: int = 128, seed: int = 0) -> list[AccuracyRow]:
+            targets, device, head_dim: int = 128, seed: int = 0,
+            max_position: int = MAX_POSITION) -> list[AccuracyRow]:
     """One row per (implementation, dtype, table dtype it was given)."""
     rows: list[AccuracyRow] = []
     for spec in specs:
@@ -56,13 +63,15 @@ def measure(specs: Sequence[ImplSpec], *, dtypes: Sequence[str] = ("fp32", "bf16
             if spec.table_source != "tables":
                 table_dtypes = ("fp32",)
             for table_dtype in table_dtypes:
-                rows.append(_one(spec, dtype, table_dtype, targets, device, head_dim, seed))
+                rows.append(_one(spec, dtype, table_dtype, targets, device, head_dim, seed,
+                                 max_position))
     return rows
 
 
-def _one(spec, dtype, table_dtype, targets, device, head_dim, seed) -> AccuracyRow:
+def _one(spec, dtype, table_dtype, targets, device, head_dim, seed,
+         max_position) -> AccuracyRow:
     style = "rotate_half" if "rotate_half" in spec.styles else "interleaved"
-    case = RopeCase(1, MAX_POSITION, 1, head_dim, dtype=dtype, style=style,
+    case = RopeCase(1, max_position, 1, head_dim, dtype=dtype, style=style,
                     cos_sin_dtype=table_dtype, label="accuracy")
     reason = spec.unsupported_reason(case, targets)
     source = _source_label(spec, case)
@@ -73,21 +82,24 @@ def _one(spec, dtype, table_dtype, targets, device, head_dim, seed) -> AccuracyR
         with _alloc.poisoned():
             (out,) = spec.prepare(case, inputs)()
         (ideal,) = expected(case, inputs, "computed")
-        err = (out.to(torch.float64) - ideal).abs().reshape(MAX_POSITION, -1).amax(dim=1)
+        err = (out.to(torch.float64) - ideal).abs().reshape(max_position, -1).amax(dim=1)
     except Exception as exc:  # one implementation must not stop the others
         return AccuracyRow(spec.name, dtype, source, [f"error: {type(exc).__name__}: {exc}"[:120]])
-    buckets = [float(err[a:b].max()) for a, b in zip(BUCKETS[:-1], BUCKETS[1:])]
-    return AccuracyRow(spec.name, dtype, source, buckets, err.cpu())
+    edges = buckets(max_position)
+    maxima = [float(err[a:b].max()) for a, b in zip(edges[:-1], edges[1:])]
+    return AccuracyRow(spec.name, dtype, source, maxima, err.cpu())
 
 
-def table(rows: Sequence[AccuracyRow], fmt: str = "github") -> str:
+def table(rows: Sequence[AccuracyRow], max_position: int = MAX_POSITION, fmt: str = "github"
+          ) -> str:
     from tabulate import tabulate
 
-    headers = ["implementation", "dtype", "cos/sin from", *bucket_labels()]
+    labels = bucket_labels(max_position)
+    headers = ["implementation", "dtype", "cos/sin from", *labels]
     body = []
     for r in rows:
         if r.bucket_errors and isinstance(r.bucket_errors[0], str):
-            cells = [r.bucket_errors[0]] + ["-"] * (len(BUCKETS) - 2)
+            cells = [r.bucket_errors[0]] + ["-"] * (len(labels) - 1)
         else:
             cells = [f"{e:.1e}" for e in r.bucket_errors]
         body.append([r.impl, r.dtype, r.source, *cells])

@@ -158,17 +158,24 @@ def _emit(text: str, path: str) -> None:
 def _accuracy(args, specs, env) -> int:
     from ports.harness import accuracy
 
+    from ports.harness import preflight
+
     targets = env.targets()
+    max_position = accuracy.MAX_POSITION
     if not env.has_gpu():
-        # The Triton interpreter would take hours over 128k positions: references only.
+        # The Triton interpreter would take hours over 128k positions: references only, and
+        # positions up to CPU_MAX_POSITION.
         targets = frozenset({"cpu"})
+        max_position = preflight.CPU_MAX_POSITION
         print("No CUDA GPU found: measuring accuracy of what runs on the CPU (the eager "
-              "references). The CuPy and Triton ports need an NVIDIA GPU.\n")
+              f"references) at positions up to {max_position:,} (128k on a GPU). The CuPy and "
+              "Triton ports need an NVIDIA GPU.\n")
     dtypes = args.dtype if args.dtype != ["fp32"] else ["fp32", "bf16", "fp16"]
     rows = accuracy.measure(specs, dtypes=dtypes, targets=targets, device=env.device(),
-                            seed=args.seed)
-    print(f"## max |out - float64 ideal| by position (b=1, h=1, d=128, positions 0..{accuracy.MAX_POSITION - 1})")
-    print(accuracy.table(rows))
+                            seed=args.seed, max_position=max_position)
+    print("## max |out - float64 ideal| by position (b=1, h=1, d=128, positions "
+          f"0..{max_position - 1})")
+    print(accuracy.table(rows, max_position))
     if args.plot:
         accuracy.plot(rows, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
@@ -178,6 +185,11 @@ def _accuracy(args, specs, env) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from ports.harness import preflight
+
+    problem = preflight.plot_problem(args.plot)
+    if problem:
+        parser.exit(2, f"compare.py: {problem}\n")
 
     import torch
 
@@ -248,6 +260,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     if not cases:
         parser.error("nothing to run: give --shape or --suite (or --list)")
+    if not env.has_gpu():
+        too_big = preflight.over_cpu_cap(cases)
+        if len(too_big) == len(cases):
+            parser.exit(2, f"compare.py: {preflight.cpu_refusal(too_big)}\n")
+        if too_big:
+            print(preflight.cpu_skip_note(too_big), file=sys.stderr)
+            cases = [c for c in cases if c not in too_big]
 
     from tqdm import tqdm
 

@@ -1,0 +1,57 @@
+"""Checks ``compare.py`` makes before any work, so that a run it cannot finish fails in one line
+at once instead of in a traceback at the end (or after many minutes on a CPU).
+
+* ``--plot`` needs matplotlib: checked before anything is run.
+* Without a GPU, every case is cross-validated by the float64 oracle, the eager references and
+  the Triton interpreter (which runs each Triton program in Python: about 10-20 ms a program), so
+  cases are capped at :data:`CPU_MAX_ELEMENTS` elements per tensor. A suite keeps the cases under
+  the cap and names the rest; a run with none left is refused.
+* Without a GPU, ``--accuracy`` measures positions up to :data:`CPU_MAX_POSITION` (not 128k).
+"""
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+
+CPU_MAX_ELEMENTS = 8192       # per tensor: 2x32x4x32, a few seconds per Triton port on a CPU
+CPU_MAX_POSITION = 16384      # --accuracy without a GPU
+SMALL_SHAPE = "2x32x4x32"     # what the refusal suggests (at the cap)
+
+INSTALL_HINT = "pip install -e '.[cuda13]' (or pip install {package})"
+
+
+def missing_package(module: str, package: str, feature: str) -> str | None:
+    """``None`` if ``module`` imports; else one line: the feature, what is missing, the command."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return (f"{feature} needs {package}, which is not installed: "
+                + INSTALL_HINT.format(package=package))
+    return None
+
+
+def plot_problem(plot_path: str | None) -> str | None:
+    """Why ``--plot PATH`` cannot be honoured (matplotlib missing), or ``None``."""
+    if plot_path is None:
+        return None
+    return missing_package("matplotlib", "matplotlib", "--plot")
+
+
+def over_cpu_cap(cases: Sequence) -> list:
+    """The cases whose largest tensor has more elements than a CPU run takes."""
+    return [c for c in cases if c.numel > CPU_MAX_ELEMENTS]
+
+
+def cpu_refusal(cases: Sequence) -> str:
+    """One line: why these cases are not run on a CPU, and what to run instead."""
+    biggest = max(cases, key=lambda c: c.numel)
+    return (f"without a GPU, cases are capped at {CPU_MAX_ELEMENTS:,} elements per tensor (the CPU "
+            f"runs the float64 oracle and the Triton interpreter); {biggest.describe()} has "
+            f"{biggest.numel:,}. Try --suite smoke, or a small shape such as --shape {SMALL_SHAPE}")
+
+
+def cpu_skip_note(skipped: Sequence) -> str:
+    """One line naming the cases a CPU run leaves out."""
+    names = ", ".join(dict.fromkeys(c.describe() for c in skipped))
+    return (f"No GPU: {len(skipped)} case(s) over the CPU cap of {CPU_MAX_ELEMENTS:,} elements per "
+            f"tensor left out: {names}")
