@@ -77,13 +77,14 @@ def test_the_small_shape_the_refusal_suggests_is_under_the_cap():
 
 def readme_examples() -> list[str]:
     """Every ``python compare.py ...`` line of the README's code blocks, comments stripped."""
-    text = (ROOT / "README.md").read_text()
-    lines = []
-    for block in re.findall(r"```(?:bash|sh)?\n(.*?)```", text, flags=re.S):
-        for line in block.splitlines():
-            line = line.split(" #")[0].strip()
-            if line.startswith("python compare.py"):
-                lines.append(line)
+    lines, in_code = [], False
+    for line in (ROOT / "README.md").read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+            continue
+        line = line.split(" #")[0].strip()
+        if in_code and line.startswith("python compare.py"):
+            lines.append(line)
     return lines
 
 
