@@ -11,24 +11,20 @@ import os
 
 import torch
 
-FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+from reference.vocabulary import check_dtype
+# Re-exported for callers that still import it from here; new code imports reference.vocabulary.
+from reference.vocabulary import check_rank  # noqa: F401
+
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y (a Triton grid's second axis)
+
+
+def is_pow2(n) -> bool:
+    """A positive int power of two (what ``tl.arange`` and the block-size constexprs need)."""
+    return isinstance(n, int) and n > 0 and n & (n - 1) == 0
 
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def check_dtype(t: torch.Tensor, name: str, allowed=FLOATS) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in allowed:
-        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
-        raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; expected {names}")
-
-
-def check_rank(t: torch.Tensor, name: str, rank: int, dims: str) -> None:
-    if t.dim() != rank:
-        raise ValueError(f"{name} must be {rank}-D [{dims}], got shape {tuple(t.shape)}")
 
 
 def output_like(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

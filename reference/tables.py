@@ -10,12 +10,9 @@ Conventions (R = rotary_dim, half = R // 2):
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-Style = Literal["rotate_half", "interleaved"]
-STYLES: tuple[str, ...] = ("rotate_half", "interleaved")
+from reference.vocabulary import STYLES, Style
 
 
 def inv_freq(rotary_dim: int, base: float = 10000.0, *, dtype: torch.dtype = torch.float64,

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from ports import _alloc, _triton
+from reference.vocabulary import check_dtype, check_rank
 
 UPSTREAM = "seed 002: batch-reuse Triton RoPE (grid (seq_len, head_num), static_range over batch)"
 FORMATS = ("sbhd", "bshd")
@@ -85,11 +86,11 @@ def cos_sin_from_freqs(freqs: torch.Tensor, seq_len: int) -> tuple[torch.Tensor,
 def _check(t, cos, sin, tensor_format):
     if tensor_format not in FORMATS:
         raise ValueError(f"tensor_format must be one of {FORMATS}, got {tensor_format!r}")
-    _triton.check_dtype(t, "t")
+    check_dtype(t, "t")
     for name, c in (("cos", cos), ("sin", sin)):
-        _triton.check_dtype(c, name, (torch.float32,))
-        _triton.check_rank(c, name, 2, "seq_len, head_dim")
-    _triton.check_rank(t, "t", 4, " ".join(tensor_format))
+        check_dtype(c, name, (torch.float32,))
+        check_rank(c, name, 2, "seq_len, head_dim")
+    check_rank(t, "t", 4, " ".join(tensor_format))
     device = _triton.check_device(("t", t), ("cos", cos), ("sin", sin))
     seq_len = t.shape[0] if tensor_format == "sbhd" else t.shape[1]
     d = t.shape[3]
@@ -132,10 +133,10 @@ class FusedRoPEBatchReuse(torch.autograd.Function):
     def forward(ctx, t, freqs, tensor_format="sbhd"):
         if tensor_format not in FORMATS:
             raise ValueError(f"tensor_format must be one of {FORMATS}, got {tensor_format!r}")
-        _triton.check_dtype(t, "t")
-        _triton.check_rank(t, "t", 4, " ".join(tensor_format))
-        _triton.check_dtype(freqs, "freqs", (torch.float32,))
-        _triton.check_rank(freqs, "freqs", 4, "s, 1, 1, d")
+        check_dtype(t, "t")
+        check_rank(t, "t", 4, " ".join(tensor_format))
+        check_dtype(freqs, "freqs", (torch.float32,))
+        check_rank(freqs, "freqs", 4, "s, 1, 1, d")
         if freqs.shape[-1] != t.shape[-1]:
             raise NotImplementedError(
                 f"rotary_percent < 1 is not supported (seed 002's limitation): freqs has "

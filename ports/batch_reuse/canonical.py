@@ -7,7 +7,7 @@ cos/sin tables (torch's fp32 cos/sin of the fp32 angles: within an fp32 rounding
 from __future__ import annotations
 
 from ports._adapters import forward_or_backward, per_tensor
-from ports._spec import ImplSpec
+from ports._spec import FLOAT_DTYPES, ImplSpec
 from ports.te_triton.canonical import te_freqs
 from reference.case import RopeCase, RopeInputs
 
@@ -29,7 +29,7 @@ SPECS = [
              upstream="seed 002: batch-reuse Triton RoPE (TE-tested)",
              summary="grid (s, h), cos/sin loaded once, static_range over batch (constexpr)",
              prepare=_prepare, styles=frozenset({"rotate_half"}),
-             layouts=frozenset({"sbhd", "bshd"}), dtypes=frozenset({"fp32", "fp16", "bf16"}),
+             layouts=frozenset({"sbhd", "bshd"}), dtypes=FLOAT_DTYPES,
              partial=False, positions=frozenset({"arange"}), backward=True,
              devices=frozenset({"cuda", "interpret"}), table_source="angles32"),
 ]

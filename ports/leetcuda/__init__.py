@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from ports import _cupy
+from reference.vocabulary import INT32_MAX, check_dtype, check_rank, check_tensor
 
 BLOCK_SIZE = 256
 MAX_THREADS_PER_BLOCK = 1024
@@ -60,7 +61,7 @@ def _fast_ok(x, out, pack: int, one_block_per_row: bool) -> bool:
             and x.dtype is torch.float32 and out.dtype is torch.float32
             and x.dim() == 2 and x.shape == out.shape and x.is_contiguous()
             and out.is_contiguous() and x.shape[1] % pack == 0
-            and x.numel() <= _cupy.INT32_MAX
+            and x.numel() <= INT32_MAX
             and (not one_block_per_row or x.shape[1] // 2 <= MAX_THREADS_PER_BLOCK)
             and (pack != 4 or (x.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0))
             and x.is_cuda and out.is_cuda and x.get_device() == out.get_device())
@@ -72,9 +73,9 @@ def _check(x: torch.Tensor, out: torch.Tensor, pack: int, one_block_per_row: boo
     if _fast_ok(x, out, pack, one_block_per_row):  # one cheap test for the common, valid call
         return x.get_device()
     for name, t in (("x", x), ("out", out)):
-        _cupy.check_tensor(t, name)
-        _cupy.check_dtype(t, name, (torch.float32,))
-        _cupy.check_rank(t, name, 2, "seq_len, hidden")
+        check_tensor(t, name)
+        check_dtype(t, name, (torch.float32,))
+        check_rank(t, name, 2, "seq_len, hidden")
         _cupy.check_contiguous(t, name)
     if out.shape != x.shape:
         raise ValueError(f"out has shape {tuple(out.shape)} but x has {tuple(x.shape)}")

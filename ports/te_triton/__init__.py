@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from ports import _alloc, _triton
+from reference.vocabulary import check_dtype, check_rank
 
 UPSTREAM = "seed 000 (TE-style rope_triton.py: rope_kernel_forward/backward, FusedRoPETriton)"
 FORMATS = ("sbhd", "bshd")
@@ -84,10 +85,10 @@ def _sbhd_strides(t: torch.Tensor, tensor_format: str) -> tuple[int, int, int, i
 def _check(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str) -> tuple[int, torch.device]:
     if tensor_format not in FORMATS:
         raise ValueError(f"tensor_format must be one of {FORMATS}, got {tensor_format!r}")
-    _triton.check_dtype(t, "t")
-    _triton.check_dtype(freqs, "freqs", (torch.float32,))
-    _triton.check_rank(t, "t", 4, " ".join(tensor_format))
-    _triton.check_rank(freqs, "freqs", 4, "s, 1, 1, d2")
+    check_dtype(t, "t")
+    check_dtype(freqs, "freqs", (torch.float32,))
+    check_rank(t, "t", 4, " ".join(tensor_format))
+    check_rank(freqs, "freqs", 4, "s, 1, 1, d2")
     device = _triton.check_device(("t", t), ("freqs", freqs))
     seq_len = t.shape[0] if tensor_format == "sbhd" else t.shape[1]
     d, d2 = t.shape[3], freqs.shape[3]

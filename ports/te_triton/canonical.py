@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ports._adapters import forward_or_backward, per_tensor
-from ports._spec import ImplSpec
+from ports._spec import FLOAT_DTYPES, ImplSpec
 from reference.case import RopeCase, RopeInputs
 
 
@@ -36,7 +36,7 @@ SPECS = [
              upstream="seed 000: TE-style rope_triton.py (apply_rotary_pos_emb_triton)",
              summary="program per (s,b,h) row, cos/sin from fp32 freqs in-kernel, autograd",
              prepare=_prepare, styles=frozenset({"rotate_half"}),
-             layouts=frozenset({"sbhd", "bshd"}), dtypes=frozenset({"fp32", "fp16", "bf16"}),
+             layouts=frozenset({"sbhd", "bshd"}), dtypes=FLOAT_DTYPES,
              partial=True, positions=frozenset({"arange"}), backward=True,
              devices=frozenset({"cuda", "interpret"}), table_source="angles32"),
 ]
