@@ -26,7 +26,8 @@ Departures:
 * ``THETA ** e``: libdevice ``pow`` (what ``tl.math.pow`` lowered to in 2023 Triton) on a GPU; the
   Triton interpreter has no libdevice, so there ``exp2(e * log2(THETA))`` (``LIBDEVICE_POW`` is a
   constexpr flag set by the wrapper).
-* Program ids and token offsets are int64 before pointer arithmetic (PEERS #1, #2).
+* Program ids and token offsets are int64 before pointer arithmetic: int32 offsets wrap once a
+  tensor passes 2^31 elements.
 * The ``tl.debug_barrier()`` calls are dropped from the standalone kernel (out of place, nothing
   is re-read); the fused kernel keeps its barrier, which its in-place epilogue needs.
 * Host checks before launch (``TypeError`` dtypes, ``ValueError`` shapes/devices/sizes), an

@@ -8,7 +8,8 @@ The API mirrors the torch extension: each function takes ``x`` and a caller-prov
 (float32 ``[seq_len, hidden]``, one sequence of one head), writes ``out`` and returns ``None``.
 Positions are the row indices ``0..seq_len-1``, the convention is interleaved (pairs
 ``(2i, 2i+1)``), and the frequency is ``10000^(-2i/hidden)``, computed in the kernel in fp32 with
-fast-math ``powf``/``sinf``/``cosf`` (expect ~1e-7 rad per rad of angle error: PEERS.md #11).
+fast-math ``powf``/``sinf``/``cosf`` (an angle error of order 1e-7 rad per rad: the tolerance is
+:data:`reference.tolerances.ANGLE_REL_ERR_FAST_MATH`).
 
 Launch shapes, as upstream:
 
@@ -20,7 +21,7 @@ rope_f32_v2        seq_len                         hidden/2    one pair; block =
 rope_f32x4_pack    ceil(seq_len * hidden/4 / 256)  256         two pairs (one float4 load)
 =================  ==============================  ==========  ===============================
 
-Version trap: before ``e799541b`` (2025-04-15), and in the only indexed copy of
+Version trap: before ``e799541b``, and in the only indexed copy of
 ``DefTruth/CUDA-Learn-Notes`` (``56e2fe96``), the exponent used integer division
 (``2 * i / (N * 2)`` = 0) and the angle was ``pos / inv``: every pair rotated by ``pos`` radians.
 This port uses the fixed formula.

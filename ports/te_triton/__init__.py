@@ -23,7 +23,8 @@ Departures (each a safety or generality addition; the math is unchanged):
 * Every stride is passed in, in (s, b, h, d) order for either format: ``bshd`` and strided views
   (a q cut out of a packed qkv, a zero-stride broadcast gradient) run without a copy. The seed's
   kernel indexed ``pid * d`` into a contiguous sbhd tensor.
-* Program ids are promoted to int64 before pointer arithmetic (PEERS #1, #2).
+* Program ids are promoted to int64 before pointer arithmetic: an int32 ``pid * stride`` wraps
+  once a tensor passes 2^31 elements.
 * The channel block is ``next_power_of_2(d2 / 2)`` with a mask ``< d2 / 2`` (``tl.arange`` needs a
   power of two; the seed's mask ``offset < n_elements`` did not stop a row spilling into the next).
 * Host checks before launch: dtypes (``TypeError``), ranks/shapes/devices (``ValueError``); a
