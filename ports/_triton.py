@@ -27,6 +27,21 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+# ---- TransformerEngine's tensor formats (te_triton and batch_reuse take TE's API) -------------
+TE_FORMATS = ("sbhd", "bshd")
+
+
+def check_te_format(tensor_format: str) -> None:
+    if tensor_format not in TE_FORMATS:
+        raise ValueError(f"tensor_format must be one of {TE_FORMATS}, got {tensor_format!r}")
+
+
+def sbhd_strides(t: torch.Tensor, tensor_format: str) -> tuple[int, int, int, int]:
+    """``t``'s strides in (s, b, h, d) order, for a 4-D tensor in TE format sbhd or bshd."""
+    s0, s1, s2, s3 = t.stride()
+    return (s0, s1, s2, s3) if tensor_format == "sbhd" else (s1, s0, s2, s3)
+
+
 def output_like(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """``out`` checked against x (same dtype and shape), or a new (poisonable) tensor like x."""
     from ports import _alloc

@@ -40,7 +40,6 @@ from ports import _alloc, _triton
 from reference.vocabulary import check_dtype, check_rank
 
 UPSTREAM = "seed 000 (TE-style rope_triton.py: rope_kernel_forward/backward, FusedRoPETriton)"
-FORMATS = ("sbhd", "bshd")
 
 
 @triton.jit
@@ -78,14 +77,8 @@ def rope_kernel(t_ptr, freqs_ptr, out_ptr,
     tl.store(o_row + (cols + HALF) * stride_od, y1.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _sbhd_strides(t: torch.Tensor, tensor_format: str) -> tuple[int, int, int, int]:
-    s0, s1, s2, s3 = t.stride()
-    return (s0, s1, s2, s3) if tensor_format == "sbhd" else (s1, s0, s2, s3)
-
-
 def _check(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str) -> tuple[int, torch.device]:
-    if tensor_format not in FORMATS:
-        raise ValueError(f"tensor_format must be one of {FORMATS}, got {tensor_format!r}")
+    _triton.check_te_format(tensor_format)
     check_dtype(t, "t")
     check_dtype(freqs, "freqs", (torch.float32,))
     check_rank(t, "t", 4, " ".join(tensor_format))
@@ -117,7 +110,7 @@ def _launch(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str, backward: 
     with _triton.device_guard(device):
         rope_kernel[(rows,)](
             t, freqs, out, b, h,
-            *_sbhd_strides(t, tensor_format), *_sbhd_strides(out, tensor_format),
+            *_triton.sbhd_strides(t, tensor_format), *_triton.sbhd_strides(out, tensor_format),
             freqs.stride(0), freqs.stride(3),
             HALF=half, BLOCK=triton.next_power_of_2(half), BACKWARD=backward)
     return out
