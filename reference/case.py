@@ -15,6 +15,7 @@ from reference.layouts import shape_of
 from reference.tables import angles, expand_half, inv_freq
 from reference.vocabulary import (
     COS_SIN_DTYPES, DIRECTIONS, DTYPES, GRAD_KINDS, HEAD_AXIS, LAYOUTS, POSITION_KINDS, STYLES,
+    check_choice,
 )
 
 
@@ -88,13 +89,13 @@ class RopeCase:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        _check_choice("layout", self.layout, LAYOUTS)
-        _check_choice("dtype", self.dtype, tuple(DTYPES))
-        _check_choice("style", self.style, STYLES)
-        _check_choice("positions", self.positions, POSITION_KINDS)
-        _check_choice("cos_sin_dtype", self.cos_sin_dtype, COS_SIN_DTYPES)
-        _check_choice("direction", self.direction, DIRECTIONS)
-        _check_choice("grad", self.grad, GRAD_KINDS)
+        check_choice("layout", self.layout, LAYOUTS)
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("style", self.style, STYLES)
+        check_choice("positions", self.positions, POSITION_KINDS)
+        check_choice("cos_sin_dtype", self.cos_sin_dtype, COS_SIN_DTYPES)
+        check_choice("direction", self.direction, DIRECTIONS)
+        check_choice("grad", self.grad, GRAD_KINDS)
         if self.rot_dim % 2 or not 0 < self.rot_dim <= self.head_dim:
             raise ValueError(f"rotary_dim must be even and in (0, head_dim={self.head_dim}], "
                              f"got {self.rot_dim}")
@@ -199,11 +200,6 @@ class RopeCase:
         if self.direction == "backward":
             extras.append("bwd" + ("(bcast dy)" if self.grad == "broadcast" else ""))
         return " ".join([text, *extras])
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; expected one of {choices}")
 
 
 @dataclass

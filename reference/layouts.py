@@ -8,12 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from reference.vocabulary import BSH_AXES, LAYOUTS, Layout
-
-
-def check_layout(layout: str) -> None:
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
+from reference.vocabulary import BSH_AXES, LAYOUTS, Layout, check_choice
 
 
 def shape_of(layout: Layout, b: int, s: int, h: int, d: int, total_tokens: int | None = None
@@ -22,7 +17,7 @@ def shape_of(layout: Layout, b: int, s: int, h: int, d: int, total_tokens: int |
 
     For thd, ``total_tokens`` is the packed token count (``b * s`` when not given).
     """
-    check_layout(layout)
+    check_choice("layout", layout, LAYOUTS)
     if layout == "thd":
         return (b * s if total_tokens is None else total_tokens, h, d)
     shape = [0, 0, 0, d]
@@ -37,7 +32,7 @@ def positions_for_layout(positions: torch.Tensor, layout: Layout) -> torch.Tenso
     thd gives ``[T, 1]``; a dense layout gives ``[B, S, 1]`` with its axes put in the layout's
     order (``[S, B, 1]`` for sbhd, ``[B, 1, S]`` for bhsd).
     """
-    check_layout(layout)
+    check_choice("layout", layout, LAYOUTS)
     if layout == "thd":
         return positions[:, None]
     bsh_at_axis = sorted(range(3), key=lambda i: BSH_AXES[layout][i])  # which of b, s, h per axis

@@ -61,6 +61,14 @@ def _short(dtype: torch.dtype) -> str:
 
 
 # ---- host checks the ports' APIs share -------------------------------------------------------
+def check_choice(what: str, value: str, choices: Iterable[str]) -> None:
+    """A ValueError unless ``value`` is one of ``choices``, naming them:
+    ``check_choice("layout", layout, LAYOUTS)``."""
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"unknown {what} {value!r}; expected one of {choices}")
+
+
 def check_tensor(t, name: str) -> None:
     """A TypeError unless ``t`` is a torch.Tensor."""
     if not isinstance(t, torch.Tensor):
