@@ -63,7 +63,6 @@ import triton
 import triton.language as tl
 
 from ports import _alloc, _triton
-from ports._triton import MAX_GRID_Y
 from ports.kernl import UPSTREAM, rbe_triton
 from reference.vocabulary import check_dtype, check_rank
 
@@ -119,9 +118,9 @@ def rmsnorm_triton_wrapper(x: torch.Tensor, rms_w: torch.Tensor, eps: float = 1e
     _check_eps(eps)
     if not _triton.is_pow2(block_n_size):
         raise ValueError(f"block_n_size must be a power of two, got {block_n_size!r}")
-    if M > MAX_GRID_Y:
+    if M > _triton.MAX_GRID_Y:
         raise NotImplementedError(f"rmsnorm_triton puts the {M} tokens on grid axis 1, which CUDA "
-                                  f"limits to {MAX_GRID_Y}")
+                                  f"limits to {_triton.MAX_GRID_Y}")
     out = _triton.output_like(x, out)
     device = _triton.check_device(("x", x), ("rms_w", rms_w), ("out", out))
     if x.numel() == 0:
@@ -280,9 +279,9 @@ def _check_fused(x, weights, rms_w, start_pos, n_heads, head_dim, eps, theta, us
         raise ValueError(f"K = {K} must be a multiple of block_size_k = {block_size_k} (the K loop "
                          "has no mask, as upstream)")
     tiles = triton.cdiv(M, block_size_m) * triton.cdiv(N, block_size_n)
-    if tiles > MAX_GRID_Y:
+    if tiles > _triton.MAX_GRID_Y:
         raise NotImplementedError(f"{tiles} output tiles on grid axis 1 exceed CUDA's limit "
-                                  f"{MAX_GRID_Y}; use larger block sizes")
+                                  f"{_triton.MAX_GRID_Y}; use larger block sizes")
     return batch, M, N, K
 
 
