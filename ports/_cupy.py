@@ -9,22 +9,25 @@
   to a cubin for the device's architecture, and cached. We call NVRTC ourselves rather than
   through ``cupy.RawModule`` because CuPy appends ``-ftz=true`` to every compile, which would
   change the originals' fp32 denormal behaviour (nvcc's default is ``-ftz=false``).
-* Host-side checks (:func:`check_cuda`, :func:`check_dtype`, ...) raise clear Python exceptions
-  before any launch: a kernel fault would poison the CUDA context for every later caller.
+* Host-side checks (:func:`check_cuda`, :func:`check_contiguous`, ..., beside the dtype and rank
+  checks of :mod:`reference.vocabulary`) raise clear Python exceptions before any launch: a kernel
+  fault would poison the CUDA context for every later caller.
 """
 from __future__ import annotations
 
 import functools
 import importlib.resources
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
+from reference.vocabulary import INT32_MAX, check_tensor
+# Re-exported for callers that still import them from here; new code imports reference.vocabulary.
+from reference.vocabulary import check_dtype, check_rank  # noqa: F401
+
 _cupy_module = None
 _cupy_import_error: BaseException | None = None
-
-INT32_MAX = 2**31 - 1
 
 
 def cupy():
@@ -68,11 +71,6 @@ def ptr(t: torch.Tensor | None) -> np.uint64:
 
 
 # ---- host-side checks -----------------------------------------------------------------------
-def check_tensor(t, name: str) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-
-
 def check_cuda(*named: tuple[str, torch.Tensor]) -> int:
     """Every tensor is a CUDA tensor, all on one device; returns that device's index."""
     index = None
@@ -86,20 +84,6 @@ def check_cuda(*named: tuple[str, torch.Tensor]) -> int:
         elif t.get_device() != index:
             raise ValueError(f"{name} is on {t.device} but the other tensors are on cuda:{index}")
     return index
-
-
-def check_dtype(t: torch.Tensor, name: str, allowed: Iterable[torch.dtype]) -> None:
-    allowed = tuple(allowed)
-    if t.dtype not in allowed:
-        names = ", ".join(str(a).replace("torch.", "") for a in allowed)
-        raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; "
-                        f"this port supports {names}")
-
-
-def check_rank(t: torch.Tensor, name: str, rank: int, dims: str = "") -> None:
-    if t.dim() != rank:
-        hint = f" [{dims}]" if dims else ""
-        raise ValueError(f"{name} must be {rank}-D{hint}, got shape {tuple(t.shape)}")
 
 
 def check_contiguous(t: torch.Tensor, name: str) -> None:

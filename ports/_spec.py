@@ -13,21 +13,22 @@ from typing import Literal
 
 import torch
 
+from reference import vocabulary
 from reference.case import RopeCase, RopeInputs
 from reference.tolerances import DEFAULT_STEPS
+from reference.vocabulary import INT32_MAX
 
 Backend = Literal["torch", "cupy", "triton"]
 Kind = Literal["baseline", "port", "extension", "peer", "ablation"]
 Prepared = Callable[[], tuple[torch.Tensor, ...]]
 PrepareFn = Callable[[RopeCase, RopeInputs], Prepared]
 
-ALL_STYLES = frozenset({"rotate_half", "interleaved"})
-ALL_LAYOUTS = frozenset({"sbhd", "bshd", "bhsd", "thd"})
-DENSE_LAYOUTS = frozenset({"sbhd", "bshd", "bhsd"})
-ALL_POSITIONS = frozenset({"arange", "offset", "ids"})
-FLOAT_DTYPES = frozenset({"fp32", "fp16", "bf16"})
-
-INT32_MAX = 2**31 - 1
+# The vocabulary as sets, for the ImplSpec fields that say what an implementation supports.
+ALL_STYLES = frozenset(vocabulary.STYLES)
+ALL_LAYOUTS = frozenset(vocabulary.LAYOUTS)
+DENSE_LAYOUTS = frozenset(vocabulary.DENSE_LAYOUTS)
+ALL_POSITIONS = frozenset(vocabulary.POSITION_KINDS)
+FLOAT_DTYPES = frozenset(vocabulary.KERNEL_DTYPES)  # the dtypes the GPU kernels take
 
 
 @dataclass(frozen=True)

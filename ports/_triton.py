@@ -11,24 +11,35 @@ import os
 
 import torch
 
-FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+from reference.vocabulary import check_dtype
+# Re-exported for callers that still import it from here; new code imports reference.vocabulary.
+from reference.vocabulary import check_rank  # noqa: F401
+
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y (a Triton grid's second axis)
+
+
+def is_pow2(n) -> bool:
+    """A positive int power of two (what ``tl.arange`` and the block-size constexprs need)."""
+    return isinstance(n, int) and n > 0 and n & (n - 1) == 0
 
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def check_dtype(t: torch.Tensor, name: str, allowed=FLOATS) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in allowed:
-        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
-        raise TypeError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; expected {names}")
+# ---- TransformerEngine's tensor formats (te_triton and batch_reuse take TE's API) -------------
+TE_FORMATS = ("sbhd", "bshd")
 
 
-def check_rank(t: torch.Tensor, name: str, rank: int, dims: str) -> None:
-    if t.dim() != rank:
-        raise ValueError(f"{name} must be {rank}-D [{dims}], got shape {tuple(t.shape)}")
+def check_te_format(tensor_format: str) -> None:
+    if tensor_format not in TE_FORMATS:
+        raise ValueError(f"tensor_format must be one of {TE_FORMATS}, got {tensor_format!r}")
+
+
+def sbhd_strides(t: torch.Tensor, tensor_format: str) -> tuple[int, int, int, int]:
+    """``t``'s strides in (s, b, h, d) order, for a 4-D tensor in TE format sbhd or bshd."""
+    s0, s1, s2, s3 = t.stride()
+    return (s0, s1, s2, s3) if tensor_format == "sbhd" else (s1, s0, s2, s3)
 
 
 def output_like(x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

@@ -1,4 +1,6 @@
-"""Ground truth for the study: float64 oracle, cos/sin builders, the canonical case and eager baselines.
+"""Ground truth for the study: the float64 oracle, the cos/sin builders, the canonical case, the
+tolerances, the eager baselines, and the shared vocabulary (:mod:`reference.vocabulary`: styles,
+layouts, dtypes and the host checks every port uses).
 
 Nothing here imports from ``ports``: the references sit at the bottom of the package.
 """

@@ -11,26 +11,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reference.layouts import LAYOUTS, shape_of
-from reference.tables import STYLES, angles, expand_half, inv_freq
-
-DTYPES: dict[str, torch.dtype] = {
-    "fp32": torch.float32,
-    "fp16": torch.float16,
-    "bf16": torch.bfloat16,
-    "fp64": torch.float64,
-}
-POSITION_KINDS: tuple[str, ...] = ("arange", "offset", "ids")
-DIRECTIONS: tuple[str, ...] = ("forward", "backward")
-COS_SIN_DTYPES: tuple[str, ...] = ("fp32", "fp64", "same")
-GRAD_KINDS: tuple[str, ...] = ("random", "broadcast")
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    for name, dt in DTYPES.items():
-        if dt == dtype:
-            return name
-    raise TypeError(f"unsupported dtype {dtype}")
+from reference.layouts import shape_of
+from reference.tables import angles, expand_half, inv_freq
+from reference.vocabulary import (
+    COS_SIN_DTYPES, DIRECTIONS, DTYPES, GRAD_KINDS, HEAD_AXIS, LAYOUTS, POSITION_KINDS, STYLES,
+    check_choice,
+)
 
 
 @dataclass(frozen=True)
@@ -103,13 +89,13 @@ class RopeCase:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        _check_choice("layout", self.layout, LAYOUTS)
-        _check_choice("dtype", self.dtype, tuple(DTYPES))
-        _check_choice("style", self.style, STYLES)
-        _check_choice("positions", self.positions, POSITION_KINDS)
-        _check_choice("cos_sin_dtype", self.cos_sin_dtype, COS_SIN_DTYPES)
-        _check_choice("direction", self.direction, DIRECTIONS)
-        _check_choice("grad", self.grad, GRAD_KINDS)
+        check_choice("layout", self.layout, LAYOUTS)
+        check_choice("dtype", self.dtype, DTYPES)
+        check_choice("style", self.style, STYLES)
+        check_choice("positions", self.positions, POSITION_KINDS)
+        check_choice("cos_sin_dtype", self.cos_sin_dtype, COS_SIN_DTYPES)
+        check_choice("direction", self.direction, DIRECTIONS)
+        check_choice("grad", self.grad, GRAD_KINDS)
         if self.rot_dim % 2 or not 0 < self.rot_dim <= self.head_dim:
             raise ValueError(f"rotary_dim must be even and in (0, head_dim={self.head_dim}], "
                              f"got {self.rot_dim}")
@@ -180,8 +166,9 @@ class RopeCase:
         """Bytes a kernel must move: read every rotated tensor once and write it once.
 
         Forward reads x and writes y; backward reads dy and writes dx: the same count. cos/sin
-        tables and positions are left out, as in ANCHORS.md and FlashInfer's benchmark, because
-        each design gets them differently (table, angles, computed).
+        tables and positions are left out, as FlashInfer's benchmark leaves them out, because
+        each design gets them differently (a table, fp32 angles, or computed in the kernel), so
+        the count is the same for every design and GB/s compares like with like.
         """
         elem = torch.empty((), dtype=self.torch_dtype).element_size()
         per_tensor = [self.tokens * h * self.head_dim * elem for h in self.head_counts]
@@ -213,11 +200,6 @@ class RopeCase:
         if self.direction == "backward":
             extras.append("bwd" + ("(bcast dy)" if self.grad == "broadcast" else ""))
         return " ".join([text, *extras])
-
-
-def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"unknown {name} {value!r}; expected one of {choices}")
 
 
 @dataclass
@@ -265,7 +247,7 @@ def _random_tensor(case: RopeCase, heads: int, gen: torch.Generator, device) -> 
         return torch.randn(shape, generator=gen, device=device, dtype=torch.float32
                            ).to(case.torch_dtype)
     # Cut x out of a packed qkv: the head axis is three times as wide, x is the first third.
-    head_axis = {"sbhd": 2, "bshd": 2, "bhsd": 1, "thd": 1}[case.layout]
+    head_axis = HEAD_AXIS[case.layout]
     packed_shape = list(shape)
     packed_shape[head_axis] *= 3
     packed = torch.randn(packed_shape, generator=gen, device=device, dtype=torch.float32

@@ -1,13 +1,16 @@
 """The seeds' eager PyTorch baselines, each written as its original writes it.
 
 * :func:`hf_apply_rotary_pos_emb`: Hugging Face Llama's ``rotate_half`` form (rotate-half
-  convention), the baseline ANCHORS.md calls "torch eager".
-* :func:`llama_apply_rotary_emb`: Meta-Llama's complex-number form (interleaved; seed 004).
+  convention): the baseline of the rotate-half rows' speed-up column.
+* :func:`llama_apply_rotary_emb`: Meta-Llama's complex-number form (interleaved; seed 004): the
+  baseline of the interleaved rows.
 * :func:`llama_apply_rotary_emb_real`: kernl's real-arithmetic rewrite of it (seed 004).
 * :class:`RotaryPositionalEmbeddings`: the torchtune module with a cached table and
-  ``input_pos`` (seed 003 §3; interleaved).
+  ``input_pos`` (seed 003; interleaved).
+* :func:`leetcuda_naive_rope`: LeetCUDA's torch reference (seed 001).
 
-Departures, kept minimal: the Meta form accepts ``xk=None`` so one tensor can be timed alone.
+They are rows too (family ``eager``): :mod:`ports.eager` names each upstream and lists the
+departures, all of which leave the arithmetic alone.
 """
 from __future__ import annotations
 
@@ -87,7 +90,7 @@ def llama_apply_rotary_emb_real(x: torch.Tensor, freq_cos: torch.Tensor, freq_si
     return x_out.type_as(x)
 
 
-# ---- torchtune (torchtune/modules/position_embeddings.py, as seed 003 §3 shows it) ------------
+# ---- torchtune (torchtune/modules/position_embeddings.py, as seed 003 quotes it) --------------
 class RotaryPositionalEmbeddings(nn.Module):
     """Interleaved RoPE with a cache of ``max_seq_len`` rows built at init (fp32)."""
 

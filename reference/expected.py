@@ -15,7 +15,7 @@ import torch
 
 from reference.case import RopeCase, RopeInputs
 from reference.layouts import positions_for_layout
-from reference.oracle import gather_tables, rope_oracle, rope_oracle_backward, rotate
+from reference.oracle import rope_oracle, rope_oracle_backward, rotate
 from reference.tables import expand_half
 from reference.tolerances import tolerance
 
@@ -65,4 +65,4 @@ def tolerances(case: RopeCase, inputs: RopeInputs, refs: tuple[torch.Tensor, ...
     return tuple(out)
 
 
-__all__ = ["TABLE_SOURCES", "oracle_tables", "expected", "tolerances", "gather_tables"]
+__all__ = ["TABLE_SOURCES", "oracle_tables", "expected", "tolerances"]

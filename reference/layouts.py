@@ -6,56 +6,34 @@ each sequence starts.
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-Layout = Literal["sbhd", "bshd", "bhsd", "thd"]
-LAYOUTS: tuple[str, ...] = ("sbhd", "bshd", "bhsd", "thd")
+from reference.vocabulary import BSH_AXES, LAYOUTS, Layout, check_choice
 
 
-def check_layout(layout: str) -> None:
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
-
-
-def shape_of(layout: str, b: int, s: int, h: int, d: int, total_tokens: int | None = None
+def shape_of(layout: Layout, b: int, s: int, h: int, d: int, total_tokens: int | None = None
              ) -> tuple[int, ...]:
-    """The tensor shape of ``b`` sequences of ``s`` tokens, ``h`` heads of ``d`` channels."""
-    check_layout(layout)
-    if layout == "sbhd":
-        return (s, b, h, d)
-    if layout == "bshd":
-        return (b, s, h, d)
-    if layout == "bhsd":
-        return (b, h, s, d)
-    return (b * s if total_tokens is None else total_tokens, h, d)
+    """The tensor shape of ``b`` sequences of ``s`` tokens, ``h`` heads of ``d`` channels.
 
-
-def positions_for_layout(positions: torch.Tensor, layout: str) -> torch.Tensor:
-    """Reshape per-token positions (``[B, S]``, or ``[T]`` for thd) to broadcast against x[..., 0]."""
-    check_layout(layout)
+    For thd, ``total_tokens`` is the packed token count (``b * s`` when not given).
+    """
+    check_choice("layout", layout, LAYOUTS)
     if layout == "thd":
-        return positions[:, None]                # [T, 1]
-    if layout == "bshd":
-        return positions[:, :, None]             # [B, S, 1]
-    if layout == "sbhd":
-        return positions.t()[:, :, None]         # [S, B, 1]
-    return positions[:, None, :]                 # bhsd: [B, 1, S]
+        return (b * s if total_tokens is None else total_tokens, h, d)
+    shape = [0, 0, 0, d]
+    for axis, size in zip(BSH_AXES[layout], (b, s, h)):
+        shape[axis] = size
+    return tuple(shape)
 
 
-def to_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """A [B, S, H, D] view of a dense-layout tensor (no copy). thd has no such view."""
-    check_layout(layout)
-    if layout == "bshd":
-        return x
-    if layout == "sbhd":
-        return x.transpose(0, 1)
-    if layout == "bhsd":
-        return x.transpose(1, 2)
-    raise ValueError("thd has no [B, S, H, D] view; use cu_seqlens")
+def positions_for_layout(positions: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """Reshape per-token positions (``[B, S]``, or ``[T]`` for thd) to broadcast against x[..., 0].
 
-
-def from_bshd(x: torch.Tensor, layout: str) -> torch.Tensor:
-    """The inverse of :func:`to_bshd` (a view)."""
-    return to_bshd(x, layout)  # each permutation above is its own inverse
+    thd gives ``[T, 1]``; a dense layout gives ``[B, S, 1]`` with its axes put in the layout's
+    order (``[S, B, 1]`` for sbhd, ``[B, 1, S]`` for bhsd).
+    """
+    check_choice("layout", layout, LAYOUTS)
+    if layout == "thd":
+        return positions[:, None]
+    bsh_at_axis = sorted(range(3), key=lambda i: BSH_AXES[layout][i])  # which of b, s, h per axis
+    return positions[:, :, None].permute(*bsh_at_axis)

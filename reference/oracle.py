@@ -10,18 +10,17 @@ from __future__ import annotations
 import torch
 
 from reference.layouts import positions_for_layout
-from reference.tables import STYLES
+from reference.vocabulary import STYLES, check_choice
 
 
 def rotate(x: torch.Tensor, style: str) -> torch.Tensor:
     """``rot(x)``: rotate-half ``[-x2, x1]`` or interleaved ``[-x1, x0, -x3, x2, ...]``."""
+    check_choice("style", style, STYLES)
     if style == "rotate_half":
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat([-x2, x1], dim=-1)
-    if style == "interleaved":
-        pairs = x.unflatten(-1, (-1, 2))
-        return torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
-    raise ValueError(f"unknown style {style!r}; expected one of {STYLES}")
+    pairs = x.unflatten(-1, (-1, 2))  # interleaved
+    return torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:

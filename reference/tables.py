@@ -10,12 +10,9 @@ Conventions (R = rotary_dim, half = R // 2):
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
-Style = Literal["rotate_half", "interleaved"]
-STYLES: tuple[str, ...] = ("rotate_half", "interleaved")
+from reference.vocabulary import STYLES, Style, check_choice
 
 
 def inv_freq(rotary_dim: int, base: float = 10000.0, *, dtype: torch.dtype = torch.float64,
@@ -34,20 +31,18 @@ def angles(positions: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 
 def expand_half(half: torch.Tensor, style: Style) -> torch.Tensor:
     """Spread a per-pair ``[..., R/2]`` tensor to the style's natural full width ``[..., R]``."""
+    check_choice("style", style, STYLES)
     if style == "rotate_half":
         return torch.cat([half, half], dim=-1)
-    if style == "interleaved":
-        return torch.repeat_interleave(half, 2, dim=-1)
-    raise ValueError(f"unknown style {style!r}; expected one of {STYLES}")
+    return torch.repeat_interleave(half, 2, dim=-1)
 
 
 def first_members(full: torch.Tensor, style: Style) -> torch.Tensor:
     """The inverse of :func:`expand_half` for symmetric tables: one value per pair, ``[..., R/2]``."""
+    check_choice("style", style, STYLES)
     if style == "rotate_half":
         return full[..., : full.shape[-1] // 2]
-    if style == "interleaved":
-        return full[..., 0::2]
-    raise ValueError(f"unknown style {style!r}; expected one of {STYLES}")
+    return full[..., 0::2]
 
 
 def cos_sin(angle_half: torch.Tensor, style: Style, dtype: torch.dtype = torch.float32

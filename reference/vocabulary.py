@@ -61,10 +61,27 @@ def _short(dtype: torch.dtype) -> str:
 
 
 # ---- host checks the ports' APIs share -------------------------------------------------------
-def check_dtype(t: torch.Tensor, name: str, allowed: Iterable[torch.dtype]) -> None:
-    """A TypeError naming ``name``'s dtype and the allowed ones (or saying it is no tensor)."""
+def check_choice(what: str, value: str, choices: Iterable[str]) -> None:
+    """A ValueError unless ``value`` is one of ``choices``, naming them:
+    ``check_choice("layout", layout, LAYOUTS)``."""
+    choices = tuple(choices)
+    if value not in choices:
+        raise ValueError(f"unknown {what} {value!r}; expected one of {choices}")
+
+
+def check_tensor(t, name: str) -> None:
+    """A TypeError unless ``t`` is a torch.Tensor."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_dtype(t: torch.Tensor, name: str,
+                allowed: Iterable[torch.dtype] = KERNEL_TORCH_DTYPES) -> None:
+    """A TypeError naming ``name``'s dtype and the allowed ones (or saying it is no tensor).
+
+    ``allowed`` defaults to the float dtypes the GPU kernels take.
+    """
+    check_tensor(t, name)
     allowed = tuple(allowed)
     if t.dtype not in allowed:
         raise TypeError(f"{name} has dtype {_short(t.dtype)}; this port supports "

@@ -22,13 +22,20 @@ ARCH = "sm_90"
 
 
 def _modules() -> list[_cupy.CudaModule]:
-    found = []
+    """Every CudaModule defined in a port family's package or in one of its modules (once each,
+    however many modules re-export it)."""
+    found: dict[int, _cupy.CudaModule] = {}
     for info in pkgutil.iter_modules(ports.__path__):
         if not info.ispkg or info.name.startswith("_") or info.name == "harness":
             continue
         pkg = importlib.import_module(f"ports.{info.name}")
-        found += [v for v in vars(pkg).values() if isinstance(v, _cupy.CudaModule)]
-    return found
+        names = [pkg.__name__] + [f"{pkg.__name__}.{sub.name}"
+                                  for sub in pkgutil.iter_modules(pkg.__path__)]
+        for name in names:
+            for value in vars(importlib.import_module(name)).values():
+                if isinstance(value, _cupy.CudaModule):
+                    found[id(value)] = value
+    return list(found.values())
 
 
 MODULES = _modules()

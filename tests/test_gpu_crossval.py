@@ -5,6 +5,8 @@ with the float64 oracle of what it consumed; unsupported cases must say why.
 """
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 
@@ -12,10 +14,16 @@ from ports import registry
 from ports.harness.runner import run_case
 from ports.harness.suites import crossval
 
+
+def _seed(case) -> int:
+    """A seed fixed by the case: crc32 of its repr (``hash`` of a str changes per process)."""
+    return zlib.crc32(repr(case).encode()) % 1000
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", crossval(), ids=lambda c: f"{c.label}: {c.describe()}")
 def test_every_implementation_matches_the_oracle(case):
-    report = run_case(case, registry.REGISTRY, seed=hash(case) % 1000, timing_on=False,
+    report = run_case(case, registry.REGISTRY, seed=_seed(case), timing_on=False,
                       targets=frozenset({"cuda"}), device=torch.device("cuda"))
     bad = [(r.impl, r.status, r.reason) for r in report.results
            if r.status not in ("ok", "unsupported")]

@@ -8,6 +8,7 @@ from ports import _triton, registry
 from ports.harness.runner import run_case
 from reference.case import RopeCase, make_inputs
 from reference.expected import expected, tolerances
+from reference.vocabulary import INT32_MAX
 
 pytestmark = pytest.mark.gpu
 
@@ -106,14 +107,15 @@ def test_kernl_refuses_grids_past_the_y_limit():
 
 @pytest.mark.parametrize("name", [TE, BR])
 def test_int64_offsets_past_2_31_elements(name):
-    """PEERS #1/#2: b*s*h*d just above 2^31 (bf16, ~8.6 GB in + out); check the last tokens."""
+    """b*s*h*d just above 2^31 (bf16, ~8.6 GB in + out), where int32 offsets would wrap; check
+    the last tokens."""
     free, _ = torch.cuda.mem_get_info()
     if free < 24 * 2**30:
         pytest.skip("needs ~24 GiB free GPU memory")
     s, h, d = 16385, 1024, 128  # 2^31 + 2^17 elements
     style = "interleaved" if name == KERNL else "rotate_half"
     case = RopeCase(1, s, h, d, dtype="bf16", style=style)
-    assert case.numel > 2**31 - 1
+    assert case.numel > INT32_MAX
     inputs = make_inputs(case, device="cuda")
     out = registry.get(name).prepare(case, inputs)()[0]
     tail = case.replace(seqlen=4)

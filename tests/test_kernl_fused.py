@@ -12,13 +12,13 @@ import torch
 from ports import _alloc
 from ports.harness import env, pipeline
 from ports.harness.seed_suites import SEED_SUITES, seed000, seed002
+from reference.vocabulary import DTYPES, KERNEL_DTYPES
 
 pytestmark = pytest.mark.skipif(
     not ({"cuda", "interpret"} & env.targets()),
     reason="needs a GPU or TRITON_INTERPRET=1 (set by conftest before ports are imported)")
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOL = {"fp32": 1e-5, "fp16": 1e-2, "bf16": 1e-2}  # normwise, whole pipeline
 ONE_ROUNDING = {"fp32": 1e-6, "fp16": 1e-3, "bf16": 8e-3}  # normwise, one rounding (u = 2^-p)
 # tiny: M = 3 (rows wrap in a 16-row tile), N = 48 = 3 heads x 16 (columns wrap in the 2nd
@@ -42,7 +42,7 @@ def _err(out, ref):
 
 
 # ---- CPU (interpreter) or GPU: tiny shapes --------------------------------------------------
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
 def test_rmsnorm_triton(dtype):
     from ports import kernl
 
@@ -53,7 +53,7 @@ def test_rmsnorm_triton(dtype):
     assert _err(out, pipeline.reference_rmsnorm(x, rms_w)) < ONE_ROUNDING[dtype]
 
 
-@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES)
 @pytest.mark.parametrize("use_rbe", [True, False], ids=["q_rbe", "v_plain"])
 def test_rms_matmul_rbe(dtype, use_rbe):
     from ports import kernl

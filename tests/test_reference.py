@@ -11,6 +11,7 @@ from reference.case import RopeCase, make_inputs
 from reference.expected import expected, oracle_tables
 from reference.oracle import apply_rope, gather_tables, rope_oracle, rope_oracle_backward
 from reference.tables import cos_sin, expand_half, first_members, inv_freq, rope_tables
+from reference.vocabulary import STYLES
 
 
 def _rand(*shape, seed=0):
@@ -82,7 +83,7 @@ def test_complex_form_equals_interleaved():
     torch.testing.assert_close(y_complex, expected(case, inp)[0], atol=1e-13, rtol=0)
 
 
-@pytest.mark.parametrize("style", ["rotate_half", "interleaved"])
+@pytest.mark.parametrize("style", STYLES)
 def test_backward_is_rotation_by_negative_angle(style):
     case = RopeCase(2, 11, 3, 32, style=style, direction="backward", positions="offset",
                     dtype="fp64", cos_sin_dtype="fp64")

@@ -35,9 +35,9 @@ import triton
 import triton.language as tl
 
 from ports import _alloc, _triton
+from reference.vocabulary import check_dtype, check_rank
 
 UPSTREAM = "seed 002: batch-reuse Triton RoPE (grid (seq_len, head_num), static_range over batch)"
-FORMATS = ("sbhd", "bshd")
 
 
 @triton.jit
@@ -71,11 +71,6 @@ def rope_batch_reuse_kernel(t_ptr, cos_ptr, sin_ptr, out_ptr,
         tl.store(o_row + (cols + HALF) * stride_od, y2.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _sbhd_strides(t: torch.Tensor, tensor_format: str):
-    s0, s1, s2, s3 = t.stride()
-    return (s0, s1, s2, s3) if tensor_format == "sbhd" else (s1, s0, s2, s3)
-
-
 def cos_sin_from_freqs(freqs: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The wrapper's fp32 tables ``[seq_len, d]`` from TE's ``freqs [s, 1, 1, d]``."""
     f = freqs[:seq_len, 0, 0, :].to(torch.float32)
@@ -83,13 +78,12 @@ def cos_sin_from_freqs(freqs: torch.Tensor, seq_len: int) -> tuple[torch.Tensor,
 
 
 def _check(t, cos, sin, tensor_format):
-    if tensor_format not in FORMATS:
-        raise ValueError(f"tensor_format must be one of {FORMATS}, got {tensor_format!r}")
-    _triton.check_dtype(t, "t")
+    _triton.check_te_format(tensor_format)
+    check_dtype(t, "t")
     for name, c in (("cos", cos), ("sin", sin)):
-        _triton.check_dtype(c, name, (torch.float32,))
-        _triton.check_rank(c, name, 2, "seq_len, head_dim")
-    _triton.check_rank(t, "t", 4, " ".join(tensor_format))
+        check_dtype(c, name, (torch.float32,))
+        check_rank(c, name, 2, "seq_len, head_dim")
+    check_rank(t, "t", 4, " ".join(tensor_format))
     device = _triton.check_device(("t", t), ("cos", cos), ("sin", sin))
     seq_len = t.shape[0] if tensor_format == "sbhd" else t.shape[1]
     d = t.shape[3]
@@ -121,7 +115,7 @@ def rope_forward(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     with _triton.device_guard(device):
         rope_batch_reuse_kernel[(seq_len, heads)](
             t, cos, sin, out,
-            *_sbhd_strides(t, tensor_format), *_sbhd_strides(out, tensor_format),
+            *_triton.sbhd_strides(t, tensor_format), *_triton.sbhd_strides(out, tensor_format),
             cos.stride(0), cos.stride(1),
             BATCH_NUM=batch, HALF=half, BLOCK=triton.next_power_of_2(half), BACKWARD=backward)
     return out
@@ -130,12 +124,11 @@ def rope_forward(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 class FusedRoPEBatchReuse(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t, freqs, tensor_format="sbhd"):
-        if tensor_format not in FORMATS:
-            raise ValueError(f"tensor_format must be one of {FORMATS}, got {tensor_format!r}")
-        _triton.check_dtype(t, "t")
-        _triton.check_rank(t, "t", 4, " ".join(tensor_format))
-        _triton.check_dtype(freqs, "freqs", (torch.float32,))
-        _triton.check_rank(freqs, "freqs", 4, "s, 1, 1, d")
+        _triton.check_te_format(tensor_format)
+        check_dtype(t, "t")
+        check_rank(t, "t", 4, " ".join(tensor_format))
+        check_dtype(freqs, "freqs", (torch.float32,))
+        check_rank(freqs, "freqs", 4, "s, 1, 1, d")
         if freqs.shape[-1] != t.shape[-1]:
             raise NotImplementedError(
                 f"rotary_percent < 1 is not supported (seed 002's limitation): freqs has "

@@ -6,19 +6,15 @@ cos/sin tables (torch's fp32 cos/sin of the fp32 angles: within an fp32 rounding
 """
 from __future__ import annotations
 
-from ports._adapters import forward_or_backward, per_tensor
-from ports._spec import ImplSpec
-from ports.te_triton.canonical import te_freqs
+from ports._spec import FLOAT_DTYPES, ImplSpec, Prepared
+from ports.te_triton.canonical import prepare_te_api
 from reference.case import RopeCase, RopeInputs
 
 
-def _prepare(case: RopeCase, inputs: RopeInputs):
+def _prepare(case: RopeCase, inputs: RopeInputs) -> Prepared:
     from ports import batch_reuse
 
-    freqs = te_freqs(inputs)
-    fmt = case.layout
-    fwd = per_tensor(lambda x: batch_reuse.apply_rotary_pos_emb_triton(x, freqs, fmt))
-    return forward_or_backward(case, inputs, fwd)
+    return prepare_te_api(case, inputs, batch_reuse.apply_rotary_pos_emb_triton)
 
 
 SPECS = [
@@ -29,7 +25,7 @@ SPECS = [
              upstream="seed 002: batch-reuse Triton RoPE (TE-tested)",
              summary="grid (s, h), cos/sin loaded once, static_range over batch (constexpr)",
              prepare=_prepare, styles=frozenset({"rotate_half"}),
-             layouts=frozenset({"sbhd", "bshd"}), dtypes=frozenset({"fp32", "fp16", "bf16"}),
+             layouts=frozenset({"sbhd", "bshd"}), dtypes=FLOAT_DTYPES,
              partial=False, positions=frozenset({"arange"}), backward=True,
              devices=frozenset({"cuda", "interpret"}), table_source="angles32"),
 ]

@@ -3,17 +3,19 @@
 Each adapter calls the original's own function with the original's own table source:
 HF takes cos/sin tables gathered by position (cast to x's dtype, as HF's rotary module returns
 them); Meta-Llama, kernl's rewrite and torchtune build their own fp32 tables from ``base``.
-Gathering and casting tables happens in ``prepare``, outside the timed call (as in ANCHORS.md).
+Gathering and casting tables happens in ``prepare``, outside the timed call: the rows time the
+rotation, as the kernels' rows do (their tables are given too).
 """
 from __future__ import annotations
 
 import torch
 
 from ports._adapters import forward_or_backward, per_tensor
-from ports._spec import ALL_LAYOUTS, ALL_POSITIONS, ImplSpec
+from ports._spec import ALL_LAYOUTS, ALL_POSITIONS, FLOAT_DTYPES, ImplSpec
 from reference import eager
 from reference.case import RopeCase, RopeInputs
 from reference.tolerances import ANGLE_REL_ERR_FP32, DEFAULT_STEPS
+from reference.vocabulary import DTYPES, HEAD_AXIS
 
 HF = "huggingface/transformers:src/transformers/models/llama/modeling_llama.py (rotate_half)"
 META = "meta-llama/llama:llama/model.py (apply_rotary_emb, complex) via seed 004"
@@ -21,19 +23,17 @@ KERNL = "ELS-RD/kernl:experimental/llama-v2 (apply_rotary_emb_pytorch) via seed 
 TORCHTUNE = "pytorch/torchtune:torchtune/modules/position_embeddings.py via seed 003 §3"
 LEETCUDA_TORCH = "xlite-dev/LeetCUDA@cb6a0497:kernels/rope/rope.py (naive_rope)"
 
-EAGER_DTYPES = frozenset({"fp32", "fp16", "bf16", "fp64"})
-FP32_MATH_DTYPES = frozenset({"fp32", "fp16", "bf16"})  # they compute in x.float(): no fp64
+EAGER_DTYPES = frozenset(DTYPES)
+FP32_MATH_DTYPES = FLOAT_DTYPES  # they compute in x.float(): no fp64
 
 # HF rounds cos/sin to x's dtype and rounds after each op: a table rounding (0.5 step), two
 # products and an add (0.5 step each) -> up to ~2 steps; 3 leaves margin.
 HF_STEPS = dict(DEFAULT_STEPS, fp16=3.0, bf16=3.0)
 
 # ---- Hugging Face rotate_half -----------------------------------------------------------------
-# HF's cos/sin are [b, s, d] (or [T, d]) and get a head axis at ``unsqueeze_dim``.
-_UNSQUEEZE_DIM = {"bshd": 2, "sbhd": 2, "bhsd": 1, "thd": 1}
-
-
 def _hf_rows(case: RopeCase, inputs: RopeInputs, dtype: torch.dtype):
+    """HF's cos/sin: rows gathered by position, ``[B, S, R]`` (``[S, B, R]`` for sbhd, ``[T, R]``
+    for thd), in ``dtype``; HF's ``unsqueeze_dim`` then adds the layout's head axis."""
     cos, sin = inputs.cos[inputs.positions], inputs.sin[inputs.positions]  # [B, S, R] or [T, R]
     if case.layout == "sbhd":
         cos, sin = cos.transpose(0, 1), sin.transpose(0, 1)
@@ -42,7 +42,7 @@ def _hf_rows(case: RopeCase, inputs: RopeInputs, dtype: torch.dtype):
 
 def _hf_forward(case: RopeCase, inputs: RopeInputs, apply=eager.hf_apply_rotary_pos_emb):
     cos, sin = _hf_rows(case, inputs, case.torch_dtype)
-    rot, dim = case.rot_dim, _UNSQUEEZE_DIM[case.layout]
+    rot, dim = case.rot_dim, HEAD_AXIS[case.layout]
 
     def one(x):
         if rot == case.head_dim:

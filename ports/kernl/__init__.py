@@ -26,7 +26,8 @@ Departures:
 * ``THETA ** e``: libdevice ``pow`` (what ``tl.math.pow`` lowered to in 2023 Triton) on a GPU; the
   Triton interpreter has no libdevice, so there ``exp2(e * log2(THETA))`` (``LIBDEVICE_POW`` is a
   constexpr flag set by the wrapper).
-* Program ids and token offsets are int64 before pointer arithmetic (PEERS #1, #2).
+* Program ids and token offsets are int64 before pointer arithmetic: int32 offsets wrap once a
+  tensor passes 2^31 elements.
 * The ``tl.debug_barrier()`` calls are dropped from the standalone kernel (out of place, nothing
   is re-read); the fused kernel keeps its barrier, which its in-place epilogue needs.
 * Host checks before launch (``TypeError`` dtypes, ``ValueError`` shapes/devices/sizes), an
@@ -42,6 +43,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ports import _triton
+from reference.vocabulary import check_dtype, check_rank
 
 UPSTREAM = "ELS-RD/kernl@da9db806:experimental/llama-v2/kernel/fused_kernel_proj_qkv.py"
 
@@ -99,13 +101,6 @@ def rbe_triton(x_ptr, out_ptr,
     tl.store(out_ptrs + stride_out_n, out_imag.to(out_ptr.dtype.element_ty), mask=imag_mask)
 
 
-MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y
-
-
-def _is_pow2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
 def rbe_triton_wrapper(x: torch.Tensor, pos: int, *, head_dim: int = 128,
                        theta: float = 10000.0, out: torch.Tensor | None = None,
                        block_size_m: int = 2, block_size_k: int = 1024) -> torch.Tensor:
@@ -113,8 +108,8 @@ def rbe_triton_wrapper(x: torch.Tensor, pos: int, *, head_dim: int = 128,
 
     Returns ``out`` (a new contiguous tensor unless one is given).
     """
-    _triton.check_dtype(x, "x")
-    _triton.check_rank(x, "x", 3, "batch, M, heads * head_dim")
+    check_dtype(x, "x")
+    check_rank(x, "x", 3, "batch, M, heads * head_dim")
     if isinstance(pos, bool) or not isinstance(pos, int) or pos < 0:
         raise ValueError(f"pos (start_token_position) must be a non-negative int, got {pos!r}")
     if not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
@@ -122,7 +117,7 @@ def rbe_triton_wrapper(x: torch.Tensor, pos: int, *, head_dim: int = 128,
     batch, M, K = x.shape
     if K % head_dim:
         raise ValueError(f"x's last dim {K} is not a multiple of head_dim {head_dim}")
-    if not (_is_pow2(block_size_m) and _is_pow2(block_size_k) and block_size_k >= 2):
+    if not (_triton.is_pow2(block_size_m) and _triton.is_pow2(block_size_k) and block_size_k >= 2):
         raise ValueError(f"block sizes must be powers of two (BLOCK_SIZE_K >= 2), got "
                          f"{block_size_m}, {block_size_k}")
     if not (theta > 0 and math.isfinite(theta)):
@@ -134,10 +129,11 @@ def rbe_triton_wrapper(x: torch.Tensor, pos: int, *, head_dim: int = 128,
     if x.numel() == 0:
         return out
     grid = (batch, triton.cdiv(M, block_size_m) * triton.cdiv(K, block_size_k))
-    if grid[1] > MAX_GRID_Y:
+    if grid[1] > _triton.MAX_GRID_Y:
         raise NotImplementedError(
             f"kernl's rbe_triton puts its {grid[1]} (token, channel) tiles on grid axis 1, which "
-            f"CUDA limits to {MAX_GRID_Y}; refused (a larger BLOCK_SIZE_M/K lowers the count)")
+            f"CUDA limits to {_triton.MAX_GRID_Y}; refused (a larger BLOCK_SIZE_M/K lowers the "
+            "count)")
     with _triton.device_guard(device):
         rbe_triton[grid](x, out, M, K, *x.stride(), *out.stride(), pos,
                          THETA=float(theta), LOG2_THETA=math.log2(theta), HEAD_DIM=head_dim,

@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from ports import _alloc
-from ports._spec import ImplSpec
+from ports._spec import FLOAT_DTYPES, ImplSpec
+from ports._triton import MAX_GRID_Y
 from reference.case import RopeCase, RopeInputs
 
 # Relative angle error of pos / THETA ** ((n % D) / D) in fp32, for THETA = 1e4:
@@ -32,8 +33,8 @@ def _check(case: RopeCase) -> str | None:
     if case.table_rows + case.seqlen > 2**24:
         return "positions beyond 2^24 are not exact in fp32"
     tiles = -(-case.seqlen // BLOCK_SIZE_M) * -(-case.heads * case.head_dim // BLOCK_SIZE_K)
-    if tiles > 65535:
-        return f"{tiles} tiles exceed CUDA's grid-y limit (65535) in kernl's 2-D grid"
+    if tiles > MAX_GRID_Y:
+        return f"{tiles} tiles exceed CUDA's grid-y limit ({MAX_GRID_Y}) in kernl's 2-D grid"
     return None
 
 
@@ -69,7 +70,7 @@ SPECS = [
                       "fused_kernel_proj_qkv.py (rbe_triton) via seed 004",
              summary="tiles of BLOCK_M tokens x BLOCK_K channels, angles from THETA in-kernel",
              prepare=_prepare, styles=frozenset({"interleaved"}),
-             layouts=frozenset({"bshd", "sbhd"}), dtypes=frozenset({"fp32", "fp16", "bf16"}),
+             layouts=frozenset({"bshd", "sbhd"}), dtypes=FLOAT_DTYPES,
              partial=False, positions=frozenset({"arange"}), backward=False,
              devices=frozenset({"cuda", "interpret"}), table_source="computed",
              angle_rel_err=KERNL_ANGLE_REL_ERR, check=_check),

@@ -63,11 +63,8 @@ import triton
 import triton.language as tl
 
 from ports import _alloc, _triton
-from ports.kernl import rbe_triton
-
-UPSTREAM = "ELS-RD/kernl@da9db806:experimental/llama-v2/kernel/fused_kernel_proj_qkv.py"
-MAX_GRID_Y = 65535
-FUSED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+from ports.kernl import UPSTREAM, rbe_triton
+from reference.vocabulary import check_dtype, check_rank
 
 
 # ---- RMSNorm -------------------------------------------------------------------------------------
@@ -107,27 +104,23 @@ def _check_eps(eps: float) -> None:
         raise ValueError(f"eps must be a positive finite float, got {eps!r}")
 
 
-def _is_pow2(n: int) -> bool:
-    return isinstance(n, int) and n > 0 and n & (n - 1) == 0
-
-
 def rmsnorm_triton_wrapper(x: torch.Tensor, rms_w: torch.Tensor, eps: float = 1e-6, *,
                            out: torch.Tensor | None = None, block_n_size: int = 1024
                            ) -> torch.Tensor:
     """RMSNorm of ``x [batch, M, K]`` with weight ``rms_w [K]``; returns ``out`` (x's dtype)."""
-    _triton.check_dtype(x, "x")
-    _triton.check_dtype(rms_w, "rms_w")
-    _triton.check_rank(x, "x", 3, "batch, M, K")
-    _triton.check_rank(rms_w, "rms_w", 1, "K")
+    check_dtype(x, "x")
+    check_dtype(rms_w, "rms_w")
+    check_rank(x, "x", 3, "batch, M, K")
+    check_rank(rms_w, "rms_w", 1, "K")
     batch, M, K = x.shape
     if rms_w.shape[0] != K:
         raise ValueError(f"rms_w has {rms_w.shape[0]} elements, x's last dim is {K}")
     _check_eps(eps)
-    if not _is_pow2(block_n_size):
+    if not _triton.is_pow2(block_n_size):
         raise ValueError(f"block_n_size must be a power of two, got {block_n_size!r}")
-    if M > MAX_GRID_Y:
+    if M > _triton.MAX_GRID_Y:
         raise NotImplementedError(f"rmsnorm_triton puts the {M} tokens on grid axis 1, which CUDA "
-                                  f"limits to {MAX_GRID_Y}")
+                                  f"limits to {_triton.MAX_GRID_Y}")
     out = _triton.output_like(x, out)
     device = _triton.check_device(("x", x), ("rms_w", rms_w), ("out", out))
     if x.numel() == 0:
@@ -242,12 +235,12 @@ LAUNCH = dict(num_stages=4, num_warps=4)
 def _check_fused(x, weights, rms_w, start_pos, n_heads, head_dim, eps, theta, use_rbe,
                  block_size_m, block_size_n, block_size_k):
     """Host checks shared by both wrappers; returns ``(batch, M, N, K)``."""
-    _triton.check_dtype(x, "x", FUSED_DTYPES)
-    _triton.check_rank(x, "x", 3, "batch, M, K")
+    check_dtype(x, "x")
+    check_rank(x, "x", 3, "batch, M, K")
     batch, M, K = x.shape
     for name, w in weights:
-        _triton.check_dtype(w, name, (x.dtype,))
-        _triton.check_rank(w, name, 2, "N, K (nn.Linear weight: out_features, in_features)")
+        check_dtype(w, name, (x.dtype,))
+        check_rank(w, name, 2, "N, K (nn.Linear weight: out_features, in_features)")
     shapes = {tuple(w.shape) for _, w in weights}
     if len(shapes) != 1:
         raise ValueError("the weights must share one shape, got "
@@ -256,8 +249,8 @@ def _check_fused(x, weights, rms_w, start_pos, n_heads, head_dim, eps, theta, us
     if K_w != K:
         raise ValueError(f"weight is [N={N}, K={K_w}] but x's last dim is {K} (weight is the "
                          "nn.Linear layout [out_features, in_features])")
-    _triton.check_dtype(rms_w, "rms_w", (x.dtype,))
-    _triton.check_rank(rms_w, "rms_w", 1, "K")
+    check_dtype(rms_w, "rms_w", (x.dtype,))
+    check_rank(rms_w, "rms_w", 1, "K")
     if x.dtype == torch.bfloat16 and x.device.type == "cpu" and _triton.interpreting():
         raise NotImplementedError("Triton's interpreter multiplies bf16 tiles wrongly in tl.dot "
                                   "(checked with Triton 3.8): bf16 runs on a GPU only")
@@ -280,20 +273,20 @@ def _check_fused(x, weights, rms_w, start_pos, n_heads, head_dim, eps, theta, us
         raise ValueError(f"theta must be positive and finite, got {theta!r}")
     for name, b in (("block_size_m", block_size_m), ("block_size_n", block_size_n),
                     ("block_size_k", block_size_k)):
-        if not _is_pow2(b) or b < 16:
+        if not _triton.is_pow2(b) or b < 16:
             raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's minimum), got {b!r}")
     if K % block_size_k:
         raise ValueError(f"K = {K} must be a multiple of block_size_k = {block_size_k} (the K loop "
                          "has no mask, as upstream)")
     tiles = triton.cdiv(M, block_size_m) * triton.cdiv(N, block_size_n)
-    if tiles > MAX_GRID_Y:
+    if tiles > _triton.MAX_GRID_Y:
         raise NotImplementedError(f"{tiles} output tiles on grid axis 1 exceed CUDA's limit "
-                                  f"{MAX_GRID_Y}; use larger block sizes")
+                                  f"{_triton.MAX_GRID_Y}; use larger block sizes")
     return batch, M, N, K
 
 
 def _check_out(name, out, shape, dtype):
-    _triton.check_dtype(out, name, (dtype,))
+    check_dtype(out, name, (dtype,))
     if out.numel() != math.prod(shape):
         raise ValueError(f"{name} has shape {tuple(out.shape)}; expected {shape} elements")
     view = out.view(shape)  # raises if the memory cannot be viewed so

@@ -8,7 +8,8 @@ The API mirrors the torch extension: each function takes ``x`` and a caller-prov
 (float32 ``[seq_len, hidden]``, one sequence of one head), writes ``out`` and returns ``None``.
 Positions are the row indices ``0..seq_len-1``, the convention is interleaved (pairs
 ``(2i, 2i+1)``), and the frequency is ``10000^(-2i/hidden)``, computed in the kernel in fp32 with
-fast-math ``powf``/``sinf``/``cosf`` (expect ~1e-7 rad per rad of angle error: PEERS.md #11).
+fast-math ``powf``/``sinf``/``cosf`` (an angle error of order 1e-7 rad per rad: the tolerance is
+:data:`reference.tolerances.ANGLE_REL_ERR_FAST_MATH`).
 
 Launch shapes, as upstream:
 
@@ -20,7 +21,7 @@ rope_f32_v2        seq_len                         hidden/2    one pair; block =
 rope_f32x4_pack    ceil(seq_len * hidden/4 / 256)  256         two pairs (one float4 load)
 =================  ==============================  ==========  ===============================
 
-Version trap: before ``e799541b`` (2025-04-15), and in the only indexed copy of
+Version trap: before ``e799541b``, and in the only indexed copy of
 ``DefTruth/CUDA-Learn-Notes`` (``56e2fe96``), the exponent used integer division
 (``2 * i / (N * 2)`` = 0) and the angle was ``pos / inv``: every pair rotated by ``pos`` radians.
 This port uses the fixed formula.
@@ -43,6 +44,7 @@ import numpy as np
 import torch
 
 from ports import _cupy
+from reference.vocabulary import INT32_MAX, check_dtype, check_rank, check_tensor
 
 BLOCK_SIZE = 256
 MAX_THREADS_PER_BLOCK = 1024
@@ -60,7 +62,7 @@ def _fast_ok(x, out, pack: int, one_block_per_row: bool) -> bool:
             and x.dtype is torch.float32 and out.dtype is torch.float32
             and x.dim() == 2 and x.shape == out.shape and x.is_contiguous()
             and out.is_contiguous() and x.shape[1] % pack == 0
-            and x.numel() <= _cupy.INT32_MAX
+            and x.numel() <= INT32_MAX
             and (not one_block_per_row or x.shape[1] // 2 <= MAX_THREADS_PER_BLOCK)
             and (pack != 4 or (x.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0))
             and x.is_cuda and out.is_cuda and x.get_device() == out.get_device())
@@ -72,9 +74,9 @@ def _check(x: torch.Tensor, out: torch.Tensor, pack: int, one_block_per_row: boo
     if _fast_ok(x, out, pack, one_block_per_row):  # one cheap test for the common, valid call
         return x.get_device()
     for name, t in (("x", x), ("out", out)):
-        _cupy.check_tensor(t, name)
-        _cupy.check_dtype(t, name, (torch.float32,))
-        _cupy.check_rank(t, name, 2, "seq_len, hidden")
+        check_tensor(t, name)
+        check_dtype(t, name, (torch.float32,))
+        check_rank(t, name, 2, "seq_len, hidden")
         _cupy.check_contiguous(t, name)
     if out.shape != x.shape:
         raise ValueError(f"out has shape {tuple(out.shape)} but x has {tuple(x.shape)}")

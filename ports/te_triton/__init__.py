@@ -23,7 +23,8 @@ Departures (each a safety or generality addition; the math is unchanged):
 * Every stride is passed in, in (s, b, h, d) order for either format: ``bshd`` and strided views
   (a q cut out of a packed qkv, a zero-stride broadcast gradient) run without a copy. The seed's
   kernel indexed ``pid * d`` into a contiguous sbhd tensor.
-* Program ids are promoted to int64 before pointer arithmetic (PEERS #1, #2).
+* Program ids are promoted to int64 before pointer arithmetic: an int32 ``pid * stride`` wraps
+  once a tensor passes 2^31 elements.
 * The channel block is ``next_power_of_2(d2 / 2)`` with a mask ``< d2 / 2`` (``tl.arange`` needs a
   power of two; the seed's mask ``offset < n_elements`` did not stop a row spilling into the next).
 * Host checks before launch: dtypes (``TypeError``), ranks/shapes/devices (``ValueError``); a
@@ -36,9 +37,9 @@ import triton
 import triton.language as tl
 
 from ports import _alloc, _triton
+from reference.vocabulary import check_dtype, check_rank
 
 UPSTREAM = "seed 000 (TE-style rope_triton.py: rope_kernel_forward/backward, FusedRoPETriton)"
-FORMATS = ("sbhd", "bshd")
 
 
 @triton.jit
@@ -76,18 +77,12 @@ def rope_kernel(t_ptr, freqs_ptr, out_ptr,
     tl.store(o_row + (cols + HALF) * stride_od, y1.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def _sbhd_strides(t: torch.Tensor, tensor_format: str) -> tuple[int, int, int, int]:
-    s0, s1, s2, s3 = t.stride()
-    return (s0, s1, s2, s3) if tensor_format == "sbhd" else (s1, s0, s2, s3)
-
-
 def _check(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str) -> tuple[int, torch.device]:
-    if tensor_format not in FORMATS:
-        raise ValueError(f"tensor_format must be one of {FORMATS}, got {tensor_format!r}")
-    _triton.check_dtype(t, "t")
-    _triton.check_dtype(freqs, "freqs", (torch.float32,))
-    _triton.check_rank(t, "t", 4, " ".join(tensor_format))
-    _triton.check_rank(freqs, "freqs", 4, "s, 1, 1, d2")
+    _triton.check_te_format(tensor_format)
+    check_dtype(t, "t")
+    check_dtype(freqs, "freqs", (torch.float32,))
+    check_rank(t, "t", 4, " ".join(tensor_format))
+    check_rank(freqs, "freqs", 4, "s, 1, 1, d2")
     device = _triton.check_device(("t", t), ("freqs", freqs))
     seq_len = t.shape[0] if tensor_format == "sbhd" else t.shape[1]
     d, d2 = t.shape[3], freqs.shape[3]
@@ -115,7 +110,7 @@ def _launch(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str, backward: 
     with _triton.device_guard(device):
         rope_kernel[(rows,)](
             t, freqs, out, b, h,
-            *_sbhd_strides(t, tensor_format), *_sbhd_strides(out, tensor_format),
+            *_triton.sbhd_strides(t, tensor_format), *_triton.sbhd_strides(out, tensor_format),
             freqs.stride(0), freqs.stride(3),
             HALF=half, BLOCK=triton.next_power_of_2(half), BACKWARD=backward)
     return out

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ports._adapters import forward_or_backward, per_tensor
-from ports._spec import ImplSpec
+from ports._spec import FLOAT_DTYPES, ImplSpec, Prepared
 from reference.case import RopeCase, RopeInputs
 
 
@@ -19,13 +19,18 @@ def te_freqs(inputs: RopeInputs) -> torch.Tensor:
     return torch.cat([a, a], dim=-1)[:, None, None, :].contiguous()
 
 
-def _prepare(case: RopeCase, inputs: RopeInputs):
+def prepare_te_api(case: RopeCase, inputs: RopeInputs, apply) -> Prepared:
+    """The call of a TE-style ``apply(t, freqs, tensor_format)`` on each tensor of the case, with
+    ``freqs`` built here, outside the timed call."""
+    freqs = te_freqs(inputs)
+    fwd = per_tensor(lambda x: apply(x, freqs, case.layout))
+    return forward_or_backward(case, inputs, fwd)
+
+
+def _prepare(case: RopeCase, inputs: RopeInputs) -> Prepared:
     from ports import te_triton
 
-    freqs = te_freqs(inputs)
-    fmt = case.layout
-    fwd = per_tensor(lambda x: te_triton.apply_rotary_pos_emb_triton(x, freqs, fmt))
-    return forward_or_backward(case, inputs, fwd)
+    return prepare_te_api(case, inputs, te_triton.apply_rotary_pos_emb_triton)
 
 
 SPECS = [
@@ -36,7 +41,7 @@ SPECS = [
              upstream="seed 000: TE-style rope_triton.py (apply_rotary_pos_emb_triton)",
              summary="program per (s,b,h) row, cos/sin from fp32 freqs in-kernel, autograd",
              prepare=_prepare, styles=frozenset({"rotate_half"}),
-             layouts=frozenset({"sbhd", "bshd"}), dtypes=frozenset({"fp32", "fp16", "bf16"}),
+             layouts=frozenset({"sbhd", "bshd"}), dtypes=FLOAT_DTYPES,
              partial=True, positions=frozenset({"arange"}), backward=True,
              devices=frozenset({"cuda", "interpret"}), table_source="angles32"),
 ]
