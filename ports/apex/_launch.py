@@ -87,6 +87,21 @@ def _check_table_pair(t: torch.Tensor, table: torch.Tensor, op: str) -> None:
              TypeError)
 
 
+def _check_freqs(t: torch.Tensor, freqs: torch.Tensor, name: str, op: str) -> None:
+    """The freqs paths' checks after the ranks: ``freqs`` is ``[rows, 1, 1, d2]`` fp32 with
+    ``d2`` at most t's last dim (``d``), and t's dtype is one the kernels take."""
+    _require(freqs.size(1) == 1 and freqs.size(2) == 1,
+             lambda: f"expected the second and third dims of the freqs tensor equal 1, got shape "
+             f"{tuple(freqs.shape)}")
+    _require(t.size(-1) >= freqs.size(3),
+             lambda: f"expected the last dim of the {name} tensor equals or is greater than "
+             f"the freqs tensor ({t.size(-1)} < {freqs.size(3)})")
+    _require(freqs.dtype == torch.float32,
+             lambda: f"Dtype of the freqs tensor must be float, got {_scalar_name(freqs.dtype)}",
+             TypeError)
+    _check_input_dtype(t, name, op)
+
+
 def _check_dense(**tables) -> None:
     # Added: the kernel reads tables as dense [rows, d2]; the original never checks it.
     for name, t in tables.items():
@@ -145,16 +160,7 @@ def _check_freqs_sbhd(t: torch.Tensor, freqs: torch.Tensor, name: str, op: str) 
     _require(t.size(0) == freqs.size(0),
              lambda: f"expected {name} and freqs tensor have the same sequence length "
              f"({t.size(0)} vs {freqs.size(0)})")
-    _require(freqs.size(1) == 1 and freqs.size(2) == 1,
-             lambda: f"expected the second and third dims of the freqs tensor equal 1, got shape "
-             f"{tuple(freqs.shape)}")
-    _require(t.size(3) >= freqs.size(3),
-             lambda: f"expected the last dim of the {name} tensor equals or is greater than "
-             f"the freqs tensor ({t.size(3)} < {freqs.size(3)})")
-    _require(freqs.dtype == torch.float32,
-             lambda: f"Dtype of the freqs tensor must be float, got {_scalar_name(freqs.dtype)}",
-             TypeError)
-    _check_input_dtype(t, name, op)
+    _check_freqs(t, freqs, name, op)
 
 
 def _alloc_sbhd(t: torch.Tensor, transpose_output: bool) -> torch.Tensor:
@@ -267,16 +273,7 @@ def _check_thd(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, n
                                     f"got shape {tuple(cu_seqlens.shape)}")
     _require(freqs.dim() == 4, lambda: f"expected 4D tensor: freqs must be [max_s, 1, 1, d2], "
                                f"got shape {tuple(freqs.shape)}")
-    _require(freqs.size(1) == 1 and freqs.size(2) == 1,
-             lambda: f"expected the second and third dims of the freqs tensor equal 1, got shape "
-             f"{tuple(freqs.shape)}")
-    _require(t.size(2) >= freqs.size(3),
-             lambda: f"expected the last dim of the {name} tensor equals or is greater than "
-             f"the freqs tensor ({t.size(2)} < {freqs.size(3)})")
-    _require(freqs.dtype == torch.float32,
-             lambda: f"Dtype of the freqs tensor must be float, got {_scalar_name(freqs.dtype)}",
-             TypeError)
-    _check_input_dtype(t, name, op)
+    _check_freqs(t, freqs, name, op)
     # Added: the original reads cu_seqlens with data_ptr<int>() (which throws for other dtypes).
     _require(cu_seqlens.dtype == torch.int32,
              lambda: f"cu_seqlens must be int32, got {_scalar_name(cu_seqlens.dtype)}", TypeError)
