@@ -393,7 +393,7 @@ def _check_2d(t: torch.Tensor, tables: dict[str, torch.Tensor], name: str, op: s
     for what, x in tables.items():
         _require(x.dim() == 4,
                  lambda: f"expected {what} to be 4D tensor, got shape {tuple(x.shape)}")
-    b, ih, iw, h, d = t.shape
+    b, ih, iw, _, d = t.shape
     cos_h, sin_h, cos_w, sin_w = tables.values()
     for axis, size, cos in (("h", ih, cos_h), ("w", iw, cos_w)):
         _require(cos.size(2) == 1, lambda: f"expected third dim of cos_{axis}/sin_{axis} equals "
