@@ -167,7 +167,7 @@ def test_q_k_v_take_one_launch_and_gqa_two(monkeypatch):
         count.append(args[1])
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(paddle._cupy, "launch", counting)
+    monkeypatch.setattr(_cupy, "launch", counting)
     q = torch.randn(2, 8, 4, 16, device="cuda")
     rope(q, q.clone(), q.clone())
     assert len(count) == 1
@@ -267,4 +267,5 @@ def test_empty_q():
 
 def test_device_limits_read_the_sm_count():
     props = torch.cuda.get_device_properties(0)
-    assert paddle._device_limits(0) == (props.multi_processor_count, props.max_threads_per_block)
+    assert paddle._launch.device_limits(0) == (props.multi_processor_count,
+                                               props.max_threads_per_block)

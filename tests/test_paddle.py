@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from ports import paddle, registry
+from ports import _cupy, paddle, registry
 from ports.paddle import canonical
 from ports.paddle import launch_config_1d
 from reference.case import RopeCase, make_inputs
@@ -206,9 +206,9 @@ def test_launch_config_limits():
 @pytest.fixture
 def recorder(monkeypatch):
     calls = []
-    monkeypatch.setattr(paddle._cupy, "check_cuda", lambda *named: 0)
-    monkeypatch.setattr(paddle, "_device_limits", lambda index: (132, 1024))
-    monkeypatch.setattr(paddle._cupy, "launch",
+    monkeypatch.setattr(_cupy, "check_cuda", lambda *named: 0)
+    monkeypatch.setattr(paddle._launch, "device_limits", lambda index: (132, 1024))
+    monkeypatch.setattr(_cupy, "launch",
                         lambda module, name, device, grid, block, args: calls.append(
                             dict(name=name, grid=grid, block=block, args=args)))
     return calls

@@ -1,12 +1,14 @@
 """NVIDIA apex's fused RoPE (``apex.transformer.functional.fused_rope``) as CuPy RawKernels.
 
-Upstream (Apache-2.0; re-implemented from the design, no code copied):
+Provenance (Apache-2.0; re-implemented from the design, no code copied):
 
-* kernels and host code: ``NVIDIA/apex@6424da3b:csrc/megatron/fused_rotary_positional_embedding.h``,
-  ``.cpp`` and ``_cuda.cu`` (kernel semantics unchanged since ``23c1f865``, 2024-07-02);
+* kernels and host code: ``NVIDIA/apex@6424da3b:csrc/megatron/_launch.h``,
+  ``.cpp`` and ``_cuda.cu`` (kernel semantics unchanged since ``23c1f865``), ported in ``rope.cu``
+  and :mod:`ports.apex._launch` (the extension layer, exported here under apex's name
+  ``fused_rotary_positional_embedding``);
 * Python wrappers and test: ``NVIDIA/apex@3c98f93d:apex/transformer/functional/fused_rope.py`` and
-  ``tests/L0/run_transformer/test_fused_rope.py`` (the wrappers were deleted from apex main in
-  ``4fcca776``, 2026-01-13; the extension is still built).
+  ``tests/L0/run_transformer/test_fused_rope.py`` (the wrappers were later deleted from apex main
+  in ``4fcca776``; the extension is still built), ported here.
 
 Four public functions, each a :class:`torch.autograd.Function` with the original's signature,
 defaults, shapes, output allocation and saved tensors, whose backward is the original's backward
@@ -32,10 +34,9 @@ logical ``[s, b, h, d]`` over ``[b, s, h, d]`` memory (``out.transpose(0, 1)`` i
 backward allocates the input gradient the same way); thd contiguous ``[t, h, d]``; 2-D contiguous
 ``[b, img_h*img_w, h, d]``. Positions are implicit: the angle row is the token's ``s`` index
 (thd: its index inside its own sequence; 2-D: row ``ih`` for channels ``[0, d/2)``, column ``iw``
-for ``[d/2, d)``). Channels ``d2 <= j < d`` are copied (partial rotary). The extension layer
-(checks, allocation, launch) is :mod:`ports.apex.fused_rotary_positional_embedding`.
+for ``[d/2, d)``). Channels ``d2 <= j < d`` are copied (partial rotary).
 
-Design kept (``rope.cu``): one block per token, grid ``(s, b)`` / ``(max_s, b)`` for thd /
+DESIGN (kept from ``rope.cu``): one block per token, grid ``(s, b)`` / ``(max_s, b)`` for thd /
 ``(ih, iw, b)`` for 2-D; block ``(32, 4 if h < 16 else 8)``; threads stride over rotated dims
 (x) and heads (y), then a tail-copy loop; scalar loads with every stride a kernel argument; int32
 offsets; ``sincosf`` of the fp32 angle in the forward, ``cosf``/``sinf`` of the element's and its
@@ -51,30 +52,7 @@ tests/test_gpu_apex.py checks them bitwise against a torch emulation of that rou
 the check can tell it from fp32 math with one rounding. The freqs paths' ``sincosf`` / ``cosf`` /
 ``sinf`` are libdevice's accurate routines in both builds. For fp32, ``x*c + rot*s`` is one float
 expression that NVRTC, like nvcc (``--fmad=true``), contracts to an FMA; which product is fused is
-the compiler's choice. Checked once by hand (not in the suite, since apex's source is not in this
-repository): apex's header compiled as a torch extension with nvcc 13.0 and apex's flags, on an
-H100, against this port through NVRTC 13.0: all 576 configurations compared (fp32 / fp16 / bf16;
-freqs and cached with fp32 and same-dtype tables whose halves differ; forward and backward;
-d2 = d and d2 < d; h < 16 and h >= 16; contiguous and (0,1)/(2,3)-transposed input; both
-``transpose_output_memory`` values) were bit-identical, fp32 included. Other compiler versions
-may contract fp32 differently.
-
-Performance (H100, 2026-11-22, in the same run as that nvcc build, direct extension-level calls):
-on ANCHORS.md's apex shapes the port's forward and backward take 0.99-1.01x apex's time; the
-design sets it (the same launch, the same work per element). Host time per call is the one
-difference: the Python checks and the CuPy launch cost tens of microseconds against apex's C++
-~10 us, which only a decode-sized call (s = 1) can expose; its GPU time is the same (4.5 us in a
-CUDA-graph replay).
-
-TransformerEngine. TE's early fused RoPE (``transformer_engine/common/fused_rope/fused_rope.cu``,
-2023) is this kernel: the same launch shape, loops, int32 strided indexing and storage-type
-arithmetic (sbhd freqs path only; no cached, thd or 2-D there at first). TE PR #645 ("Fused rope
-compute in fp32", merged 2024-01-31, labelled 1.4.0) changed its arithmetic to fp32 with one
-rounding at the store and kept the design (a 2024 version with thd has the same kernels computing
-in ``float``). Seed 002 used ``transformer-engine==1.5.0.dev0+a38b291`` and seed 000 TE's
-``stable`` branch with torch 2.2 (early 2024), so their "CUDA" baseline has this design with fp32
-math, not apex's op-by-op rounding: the same memory traffic and launch, different fp16/bf16 low
-bits. That seed 000's TE already had PR #645 is inferred from the date, not verified.
+the compiler's choice, so other compiler versions may round fp32 results differently.
 
 Departures from the original, each a host-side addition (the kernels' math and launch are
 apex's):
@@ -101,13 +79,17 @@ apex's):
   and raises).
 * bf16 / fp16 tensors are handed to the kernel as raw 2-byte storage and reinterpreted as the
   c10-style types (no torch extension, no ATen headers).
+* The port's host code (Python checks, CuPy launch) costs more time per call than apex's C++
+  layer; only calls whose kernel is a few microseconds long can show it.
 """
 from __future__ import annotations
 
 import torch
 
-from ports.apex import fused_rotary_positional_embedding as ext
-from ports.apex.fused_rotary_positional_embedding import MODULE
+from ports.apex import _launch
+from ports.apex._launch import MODULE
+
+fused_rotary_positional_embedding = _launch  # the extension layer under apex's name for it
 
 
 class FusedRoPEFunc(torch.autograd.Function):
@@ -116,7 +98,7 @@ class FusedRoPEFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t: torch.Tensor, freqs: torch.Tensor,
                 transpose_output_memory: bool = False) -> torch.Tensor:
-        output = ext.forward(t, freqs, transpose_output_memory)
+        output = _launch.forward(t, freqs, transpose_output_memory)
         ctx.save_for_backward(freqs)
         ctx.transpose_output_memory = transpose_output_memory
         return output
@@ -124,7 +106,7 @@ class FusedRoPEFunc(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         (freqs,) = ctx.saved_tensors
-        grad_input = ext.backward(grad_output, freqs, ctx.transpose_output_memory)
+        grad_input = _launch.backward(grad_output, freqs, ctx.transpose_output_memory)
         return grad_input, None, None
 
 
@@ -166,7 +148,7 @@ class FusedRoPECachedFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t: torch.Tensor, cos_: torch.Tensor, sin_: torch.Tensor,
                 transpose_output_memory: bool = False) -> torch.Tensor:
-        output = ext.forward_cached(t, cos_, sin_, transpose_output_memory)
+        output = _launch.forward_cached(t, cos_, sin_, transpose_output_memory)
         ctx.save_for_backward(cos_, sin_)
         ctx.transpose_output_memory = transpose_output_memory
         return output
@@ -174,7 +156,7 @@ class FusedRoPECachedFunc(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         cos_, sin_ = ctx.saved_tensors
-        grad_input = ext.backward_cached(grad_output, cos_, sin_, ctx.transpose_output_memory)
+        grad_input = _launch.backward_cached(grad_output, cos_, sin_, ctx.transpose_output_memory)
         return grad_input, None, None, None
 
 
@@ -208,18 +190,15 @@ class FusedRoPETHDFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, t: torch.Tensor, cu_seqlens: torch.Tensor,
                 freqs: torch.Tensor) -> torch.Tensor:
-        ext._check_thd(t, cu_seqlens, freqs, "input", "dispatch_fused_rope_thd_forward")
-        covered = ext.validate_cu_seqlens(cu_seqlens, t.size(0), freqs.size(0))
-        output = ext._run_thd("forward", t, cu_seqlens, freqs, covered, "input")
+        output, ctx.covered = _launch.rope_thd("forward", t, cu_seqlens, freqs, "input")
         ctx.save_for_backward(cu_seqlens, freqs)
-        ctx.covered = covered
         return output
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
         cu_seqlens, freqs = ctx.saved_tensors
-        grad_input = ext._thd("backward", grad_output, cu_seqlens, freqs, "output_grads",
-                              covered=ctx.covered)
+        grad_input, _ = _launch.rope_thd("backward", grad_output, cu_seqlens, freqs,
+                                         "output_grads", covered=ctx.covered)
         return grad_input, None, None
 
 
@@ -253,7 +232,7 @@ class FusedRoPE2DFunc(torch.autograd.Function):
     def forward(ctx, t: torch.Tensor, img_h: int, img_w: int, cos_h: torch.Tensor,
                 sin_h: torch.Tensor, cos_w: torch.Tensor, sin_w: torch.Tensor) -> torch.Tensor:
         t = t.view(t.shape[0], img_h, img_w, t.shape[2], t.shape[3])
-        output = ext.forward_2d(t, cos_h, sin_h, cos_w, sin_w)
+        output = _launch.forward_2d(t, cos_h, sin_h, cos_w, sin_w)
         ctx.save_for_backward(cos_h, sin_h, cos_w, sin_w)
         ctx.img_h = img_h
         ctx.img_w = img_w
@@ -264,7 +243,7 @@ class FusedRoPE2DFunc(torch.autograd.Function):
         grad_output = grad_output.view(grad_output.shape[0], ctx.img_h, ctx.img_w,
                                        grad_output.shape[2], grad_output.shape[3])
         cos_h, sin_h, cos_w, sin_w = ctx.saved_tensors
-        grad_input = ext.backward_2d(grad_output, cos_h, sin_h, cos_w, sin_w)
+        grad_input = _launch.backward_2d(grad_output, cos_h, sin_h, cos_w, sin_w)
         return grad_input, None, None, None, None, None, None
 
 
@@ -294,19 +273,7 @@ def fused_apply_rotary_pos_emb_2d(t: torch.Tensor, img_h: int, img_w: int, cos_h
     torch.Tensor
         A new contiguous ``[b, img_h * img_w, h, d]`` tensor.
     """
-    ext._check_tensors(t=t, cos_h=cos_h, sin_h=sin_h, cos_w=cos_w, sin_w=sin_w)
-    # The original's assertions (AssertionError there), plus t's rank before viewing it.
-    if t.dim() != 4:
-        raise ValueError(f"expected t to be 4D tensor [b, s, h, d], got shape {tuple(t.shape)}")
-    if t.size(1) != img_h * img_w:
-        raise ValueError(f"The sequence length should be equal to img_h * img_w ({t.size(1)} vs "
-                         f"{img_h} * {img_w})")
-    if cos_h.size() != sin_h.size():
-        raise ValueError(f"The shape of cos_h and sin_h should be the same ({tuple(cos_h.shape)} "
-                         f"vs {tuple(sin_h.shape)})")
-    if cos_w.size() != sin_w.size():
-        raise ValueError(f"The shape of cos_w and sin_w should be the same ({tuple(cos_w.shape)} "
-                         f"vs {tuple(sin_w.shape)})")
+    _launch.check_2d_view(t, img_h, img_w, cos_h, sin_h, cos_w, sin_w)
     return FusedRoPE2DFunc.apply(t, img_h, img_w, cos_h, sin_h, cos_w, sin_w)
 
 
@@ -320,5 +287,5 @@ __all__ = [
     "FusedRoPETHDFunc",
     "FusedRoPE2DFunc",
     "MODULE",
-    "ext",
+    "fused_rotary_positional_embedding",
 ]

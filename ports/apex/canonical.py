@@ -28,11 +28,12 @@ from __future__ import annotations
 import torch
 
 from ports._adapters import forward_or_backward, per_tensor
-from ports._spec import INT32_MAX, ImplSpec
-from ports.apex.fused_rotary_positional_embedding import MAX_GRID_YZ
+from ports._spec import ImplSpec
+from ports.apex._launch import MAX_GRID_YZ
 from reference.case import RopeCase, RopeInputs
 from reference.tables import expand_half
 from reference.tolerances import DEFAULT_STEPS
+from reference.vocabulary import INT32_MAX, KERNEL_DTYPES
 
 UPSTREAM = ("NVIDIA/apex@6424da3b:csrc/megatron/fused_rotary_positional_embedding.h "
             "(wrappers: fused_rope.py@3c98f93d)")
@@ -132,7 +133,7 @@ def _prepare_2d(case: RopeCase, inputs: RopeInputs):
 def _specs() -> list[ImplSpec]:
     common = dict(
         family="apex", backend="cupy", upstream=UPSTREAM, styles=frozenset({"rotate_half"}),
-        dtypes=frozenset({"fp32", "fp16", "bf16"}), positions=frozenset({"arange"}),
+        dtypes=frozenset(KERNEL_DTYPES), positions=frozenset({"arange"}),
         backward=True, index_bits=32, tolerance_steps=APEX_STEPS,
         launch="block per token: grid (s, b), block (32, 4 if h < 16 else 8)",
         per_thread="1 element per (d, h) stride step", access="scalar dtype loads",

@@ -17,7 +17,7 @@ Entries:
   tables, per element, as OneFlow reads them). OneFlow takes them in x's dtype only, so these run
   only cases whose table dtype is x's dtype (``cos_sin_dtype="same"``, or fp32 tables for fp32 x)
   and are compared with the oracle of those very tables. Plane mode with partial rotary is
-  refused: upstream reads the tables with row stride K, out of bounds (PORTING.md §5.6-2).
+  refused: upstream reads the tables with row stride K, out of bounds.
 * ``oneflow.plane_computed`` / ``oneflow.interval_computed``: angles computed in the kernel from
   ``base``, faithfully rounded to x's dtype; compared with the ideal angles under a per-dtype
   angle tolerance (:data:`ANGLE_REL_ERR_FAITHFUL`), which grows with the position.
@@ -31,6 +31,7 @@ import math
 
 from ports._spec import ALL_POSITIONS, ImplSpec
 from reference.case import RopeCase, RopeInputs
+from reference.vocabulary import KERNEL_DTYPES
 
 UPSTREAM = ("Oneflow-Inc/oneflow@05ec5c10:oneflow/user/kernels/fused_attention_kernels.cu "
             "(IntervalKernel/PlaneKernel from 8c489e45; functor fused_attention_functor.cpp)")
@@ -58,8 +59,8 @@ ANGLE_REL_ERR_FP32 = 5e-6  # the derivation, rounded up
 # 2^-8 bf16, relative, while theta is a normal number), which moves the frequency
 # theta^(2j/(R/E)) by at most as much; the angle is then rounded to T (another 2^-11 / 2^-8).
 # The angle error is this times the angle, so it grows with the position: at pos 2047 the bf16
-# angle of pair 1 (R=128, ~1773 rad) may be off by up to ~14 rad (PORTING.md §5.6-1 computes
-# 3.4), i.e. the output is meaningless there; the tolerance says exactly that (it passes any
+# angle of pair 1 (R=128, ~1773 rad) may be off by up to ~14 rad (about 3.4 for typical
+# roundings), i.e. the output is meaningless there; the tolerance says exactly that (it passes any
 # rotation once the bound exceeds ~2 rad). tests/test_gpu_oneflow.py measures it by position.
 ANGLE_REL_ERR_FAITHFUL: dict[str, float] = {
     "fp32": ANGLE_REL_ERR_FP32,
@@ -72,7 +73,7 @@ FP16_MAX_POSITION = 65519  # pos * 1 rounds to inf in fp16 past this: cos/sin be
 
 def _common_check(case: RopeCase) -> str | None:
     if case.head_dim % 2:
-        return "head_dim (K) must be even (port guard, PORTING.md §5.6-4)"
+        return "head_dim (K) must be even (port guard)"
     return None
 
 
@@ -81,7 +82,7 @@ def _tables_check(case: RopeCase) -> str | None:
         return "cos/sin must be in x's dtype (OneFlow's InferDataType)"
     if case.style == "rotate_half" and case.rot_dim != case.head_dim:
         return ("plane mode with given cos/sin and rotary_size < K reads the tables with row "
-                "stride K, out of bounds (PORTING.md §5.6-2): refused")
+                "stride K, out of bounds: refused")
     return _common_check(case)
 
 
@@ -141,7 +142,7 @@ def _prepare_computed(fp32_angle: bool):
 
 _COMMON = dict(
     family="oneflow", backend="cupy", upstream=UPSTREAM, layouts=frozenset(X_LAYOUT),
-    dtypes=frozenset({"fp32", "fp16", "bf16"}), partial=True, positions=ALL_POSITIONS,
+    dtypes=frozenset(KERNEL_DTYPES), partial=True, positions=ALL_POSITIONS,
     backward=False, tensors_per_launch=1, strided=False, index_bits=64,
     tolerance_steps=ONEFLOW_STEPS, launch="1-D grid-stride, 128 threads/block",
 )
@@ -151,7 +152,7 @@ _INTERVAL_DESIGN = dict(per_thread="pack of 8 (16-bit) / 4 (fp32) elements",
                         access="16 B packs")
 _DIV = "; int div/mod per element (int32 < 2^30 elements, else int64)"
 _PLANE, _INTERVAL = frozenset({"rotate_half"}), frozenset({"interleaved"})
-_FP32_ANGLE = {d: ANGLE_REL_ERR_FP32 for d in ("fp32", "fp16", "bf16")}
+_FP32_ANGLE = {d: ANGLE_REL_ERR_FP32 for d in KERNEL_DTYPES}
 
 SPECS = [
     ImplSpec(name="oneflow.plane", summary="PlaneKernel: 1 elem/thread, given cos/sin in x's dtype",

@@ -2,7 +2,7 @@
 //   Oneflow-Inc/oneflow:oneflow/user/kernels/fused_attention_kernels.cu (FusedApplyRotaryEmbParam,
 //   IntervalKernel, PlaneKernel, LaunchKernel, DispatchPackSize, DispatchIndex,
 //   DispatchRotaryEmbeddingDimension); read at the stored version 05ec5c10 (the rotary code from
-//   8c489e45, #9914, unchanged up to HEAD 25c8978c per PORTING.md §0). Licence of the original:
+//   8c489e45, unchanged up to 25c8978c). Licence of the original:
 //   Apache-2.0. This is an independent re-implementation of the design, not a copy.
 //
 // Design kept:
@@ -32,10 +32,10 @@
 //  * PlaneKernel: pass-through elements (k >= rotary_size) read no position_ids, cos or sin.
 //    Upstream reads them for every element; with 1-D position_ids and rotary_size < K the
 //    pass-through elements pick section 1 and read position_ids[b*M + M + m], past the end for
-//    the last batch (PORTING.md §5.6-3). Their output (a copy of x) is unchanged.
+//    the last batch. Their output (a copy of x) is unchanged.
 //  * PlaneKernel reads given tables with row stride `table_stride`: the host passes K, as
 //    upstream, and refuses the cases where K != rotary_size / E (upstream then reads wrong rows
-//    and out of bounds, PORTING.md §5.6-2) unless the caller opts into the fixed stride
+//    and out of bounds) unless the caller opts into the fixed stride
 //    rotary_size / E.
 //  * The unused local `actual_ndim` of IntervalKernel is dropped.
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from ports._adapters import forward_or_backward
 from ports._spec import ALL_POSITIONS, ImplSpec
 from reference.case import RopeCase, RopeInputs
+from reference.vocabulary import DTYPES
 
 UPSTREAM = ("PaddlePaddle/Paddle@09d06946:paddle/phi/kernels/fusion/gpu/fused_rope_utils.h "
             "(V1, launched by fused_rope_kernel.cu@e5b22f5e / fused_rope_grad_kernel.cu@5f908167)")
@@ -103,7 +104,7 @@ def _prepare_computed(case: RopeCase, inputs: RopeInputs):
 
 _COMMON = dict(
     family="paddle", backend="cupy", upstream=UPSTREAM, layouts=frozenset({"bshd", "sbhd"}),
-    dtypes=frozenset({"fp32", "fp16", "bf16", "fp64"}), partial=False, backward=True,
+    dtypes=frozenset(DTYPES), partial=False, backward=True,
     strided=False, index_bits=64,
 )
 _BOTH = frozenset({"rotate_half", "interleaved"})

@@ -1,15 +1,17 @@
-"""The extension half of the port: apex's ``fused_rotary_positional_embedding`` module.
+"""Host checks and launch of the apex port: apex's ``fused_rotary_positional_embedding`` extension.
 
 apex builds a pybind extension of that name with eight functions (``forward``, ``backward``,
 ``forward_cached``, ``backward_cached``, ``forward_thd``, ``backward_thd``, ``forward_2d``,
 ``backward_2d``): each checks its arguments (``TORCH_CHECK`` in the ``.cpp``), allocates a fresh
 output (``.cu`` host code) and launches one kernel of ``rope.cu``. This module is that layer, with
-the same names, arguments, output allocation and launch shape; the autograd wrappers live in
-:mod:`ports.apex`. Departures (all host-side) are listed in :mod:`ports.apex`'s docstring.
+the same names, arguments, output allocation and launch shape; :mod:`ports.apex` holds the
+autograd functions above it (and exports this module under apex's name,
+``fused_rotary_positional_embedding``).
 
 Check order: the original's checks in the original's order (ranks, sizes, dtypes), then the
 port's added checks (dense tables, even rotary width, int32 offsets, grid limits, cu_seqlens
-values), then the device, last.
+values), then the device, last: a launch with bad arguments could fault and poison the CUDA
+context, so nothing reaches the kernel unchecked.
 """
 from __future__ import annotations
 
@@ -17,11 +19,12 @@ import numpy as np
 import torch
 
 from ports import _alloc, _cupy
+from reference.vocabulary import KERNEL_TORCH_DTYPES
 
 WARP_SIZE = 32  # at::cuda::warp_size() on NVIDIA GPUs
 MAX_GRID_YZ = 65535  # gridDim.y / gridDim.z limit (b for sbhd and thd; iw and b for 2-D)
 
-INPUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INPUT_DTYPES = KERNEL_TORCH_DTYPES
 # The kernel's type for each torch dtype (bf16 / fp16 emulate c10::BFloat16 / c10::Half).
 KERNEL_TYPE = {torch.float32: "float", torch.float16: "ApexHalf", torch.bfloat16: "ApexBFloat16"}
 # (input, cos/sin) dtype pairs the original's DISPATCH_FUSED_ROPE_TYPES instantiates.
@@ -84,6 +87,21 @@ def _check_table_pair(t: torch.Tensor, table: torch.Tensor, op: str) -> None:
              TypeError)
 
 
+def _check_freqs(t: torch.Tensor, freqs: torch.Tensor, name: str, op: str) -> None:
+    """The freqs paths' checks after the ranks: ``freqs`` is ``[rows, 1, 1, d2]`` fp32 with
+    ``d2`` at most t's last dim (``d``), and t's dtype is one the kernels take."""
+    _require(freqs.size(1) == 1 and freqs.size(2) == 1,
+             lambda: f"expected the second and third dims of the freqs tensor equal 1, got shape "
+             f"{tuple(freqs.shape)}")
+    _require(t.size(-1) >= freqs.size(3),
+             lambda: f"expected the last dim of the {name} tensor equals or is greater than "
+             f"the freqs tensor ({t.size(-1)} < {freqs.size(3)})")
+    _require(freqs.dtype == torch.float32,
+             lambda: f"Dtype of the freqs tensor must be float, got {_scalar_name(freqs.dtype)}",
+             TypeError)
+    _check_input_dtype(t, name, op)
+
+
 def _check_dense(**tables) -> None:
     # Added: the kernel reads tables as dense [rows, d2]; the original never checks it.
     for name, t in tables.items():
@@ -142,16 +160,7 @@ def _check_freqs_sbhd(t: torch.Tensor, freqs: torch.Tensor, name: str, op: str) 
     _require(t.size(0) == freqs.size(0),
              lambda: f"expected {name} and freqs tensor have the same sequence length "
              f"({t.size(0)} vs {freqs.size(0)})")
-    _require(freqs.size(1) == 1 and freqs.size(2) == 1,
-             lambda: f"expected the second and third dims of the freqs tensor equal 1, got shape "
-             f"{tuple(freqs.shape)}")
-    _require(t.size(3) >= freqs.size(3),
-             lambda: f"expected the last dim of the {name} tensor equals or is greater than "
-             f"the freqs tensor ({t.size(3)} < {freqs.size(3)})")
-    _require(freqs.dtype == torch.float32,
-             lambda: f"Dtype of the freqs tensor must be float, got {_scalar_name(freqs.dtype)}",
-             TypeError)
-    _check_input_dtype(t, name, op)
+    _check_freqs(t, freqs, name, op)
 
 
 def _alloc_sbhd(t: torch.Tensor, transpose_output: bool) -> torch.Tensor:
@@ -202,8 +211,8 @@ def backward(output_grads: torch.Tensor, freqs: torch.Tensor, transpose_output: 
 
 
 # ---- sbhd: cached cos / sin ----------------------------------------------------------------------
-def _sbhd_cached(direction: str, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 transpose_output: bool, name: str) -> torch.Tensor:
+def _check_cached_sbhd(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, name: str,
+                       op: str) -> None:
     _check_tensors(**{name: t, "cos": cos, "sin": sin})
     for what, x, dims in ((name, t, "s, b, h, d"), ("cos", cos, "s, 1, 1, d2"),
                           ("sin", sin, "s, 1, 1, d2")):
@@ -226,7 +235,12 @@ def _sbhd_cached(direction: str, t: torch.Tensor, cos: torch.Tensor, sin: torch.
     _require(cos.dtype == sin.dtype,
              lambda: f"expected cos and sin tensor have the same dtype "
              f"({_scalar_name(cos.dtype)} vs {_scalar_name(sin.dtype)})", TypeError)
-    _check_table_pair(t, cos, f"dispatch_fused_rope_cached_{direction}")
+    _check_table_pair(t, cos, op)
+
+
+def _sbhd_cached(direction: str, t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 transpose_output: bool, name: str) -> torch.Tensor:
+    _check_cached_sbhd(t, cos, sin, name, f"dispatch_fused_rope_cached_{direction}")
     d2 = cos.size(3)
     _check_dense(cos=cos, sin=sin)
     _check_even(d2, "cos.size(3) (d2)")
@@ -259,16 +273,7 @@ def _check_thd(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, n
                                     f"got shape {tuple(cu_seqlens.shape)}")
     _require(freqs.dim() == 4, lambda: f"expected 4D tensor: freqs must be [max_s, 1, 1, d2], "
                                f"got shape {tuple(freqs.shape)}")
-    _require(freqs.size(1) == 1 and freqs.size(2) == 1,
-             lambda: f"expected the second and third dims of the freqs tensor equal 1, got shape "
-             f"{tuple(freqs.shape)}")
-    _require(t.size(2) >= freqs.size(3),
-             lambda: f"expected the last dim of the {name} tensor equals or is greater than "
-             f"the freqs tensor ({t.size(2)} < {freqs.size(3)})")
-    _require(freqs.dtype == torch.float32,
-             lambda: f"Dtype of the freqs tensor must be float, got {_scalar_name(freqs.dtype)}",
-             TypeError)
-    _check_input_dtype(t, name, op)
+    _check_freqs(t, freqs, name, op)
     # Added: the original reads cu_seqlens with data_ptr<int>() (which throws for other dtypes).
     _require(cu_seqlens.dtype == torch.int32,
              lambda: f"cu_seqlens must be int32, got {_scalar_name(cu_seqlens.dtype)}", TypeError)
@@ -330,11 +335,17 @@ def _run_thd(direction: str, t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: t
     return out
 
 
-def _thd(direction: str, t, cu_seqlens, freqs, name: str, covered=None) -> torch.Tensor:
+def rope_thd(direction: str, t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor,
+             name: str, covered: tuple[int, int] | None = None
+             ) -> tuple[torch.Tensor, tuple[int, int]]:
+    """``forward_thd`` / ``backward_thd`` (``direction``), returning the output and the token
+    range ``[cu_seqlens[0], cu_seqlens[-1])`` it covers. ``covered`` from an earlier call with the
+    same ``cu_seqlens`` skips the value check (and its sync): the autograd backward passes the
+    forward's."""
     _check_thd(t, cu_seqlens, freqs, name, f"dispatch_fused_rope_thd_{direction}")
     if covered is None:
         covered = validate_cu_seqlens(cu_seqlens, t.size(0), freqs.size(0))
-    return _run_thd(direction, t, cu_seqlens, freqs, covered, name)
+    return _run_thd(direction, t, cu_seqlens, freqs, covered, name), covered
 
 
 def forward_thd(input: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor
@@ -344,27 +355,47 @@ def forward_thd(input: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tens
 
     Validates ``cu_seqlens`` on the host (one device-to-host copy: a stream sync).
     """
-    return _thd("forward", input, cu_seqlens, freqs, "input")
+    return rope_thd("forward", input, cu_seqlens, freqs, "input")[0]
 
 
 def backward_thd(output_grads: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor
                  ) -> torch.Tensor:
     """Input gradient of :func:`forward_thd` (validates ``cu_seqlens`` too: a stream sync)."""
-    return _thd("backward", output_grads, cu_seqlens, freqs, "output_grads")
+    return rope_thd("backward", output_grads, cu_seqlens, freqs, "output_grads")[0]
 
 
 # ---- 2-D -----------------------------------------------------------------------------------------
-def _two_d(direction: str, t: torch.Tensor, cos_h, sin_h, cos_w, sin_w, name: str
-           ) -> torch.Tensor:
-    tables = dict(cos_h=cos_h, sin_h=sin_h, cos_w=cos_w, sin_w=sin_w)
+def check_2d_view(t: torch.Tensor, img_h: int, img_w: int, cos_h: torch.Tensor,
+                  sin_h: torch.Tensor, cos_w: torch.Tensor, sin_w: torch.Tensor) -> None:
+    """The checks of apex's Python 2-D wrapper (``assert``s there, ``ValueError`` here, since
+    ``assert`` vanishes under ``-O``), plus ``t``'s rank before it is viewed as
+    ``[b, img_h, img_w, h, d]``."""
+    _check_tensors(t=t, cos_h=cos_h, sin_h=sin_h, cos_w=cos_w, sin_w=sin_w)
+    if t.dim() != 4:
+        raise ValueError(f"expected t to be 4D tensor [b, s, h, d], got shape {tuple(t.shape)}")
+    if t.size(1) != img_h * img_w:
+        raise ValueError(f"The sequence length should be equal to img_h * img_w ({t.size(1)} vs "
+                         f"{img_h} * {img_w})")
+    if cos_h.size() != sin_h.size():
+        raise ValueError(f"The shape of cos_h and sin_h should be the same ({tuple(cos_h.shape)} "
+                         f"vs {tuple(sin_h.shape)})")
+    if cos_w.size() != sin_w.size():
+        raise ValueError(f"The shape of cos_w and sin_w should be the same ({tuple(cos_w.shape)} "
+                         f"vs {tuple(sin_w.shape)})")
+
+
+def _check_2d(t: torch.Tensor, tables: dict[str, torch.Tensor], name: str, op: str) -> None:
+    """The ``.cpp``'s 2-D checks, then the port's: ``t`` is ``[b, ih, iw, h, d]``, ``tables``
+    are ``cos_h``, ``sin_h``, ``cos_w``, ``sin_w`` (``[1, H >= ih | W >= iw, 1, d/2]``)."""
     _check_tensors(**{name: t}, **tables)
     _require(t.dim() == 5, lambda: f"expected {name} to be 5D tensor [b, ih, iw, h, d], got shape "
                            f"{tuple(t.shape)}")
     for what, x in tables.items():
         _require(x.dim() == 4,
                  lambda: f"expected {what} to be 4D tensor, got shape {tuple(x.shape)}")
-    b, ih, iw, h, d = t.shape
-    for axis, size, cos, sin in (("h", ih, cos_h, sin_h), ("w", iw, cos_w, sin_w)):
+    b, ih, iw, _, d = t.shape
+    cos_h, sin_h, cos_w, sin_w = tables.values()
+    for axis, size, cos in (("h", ih, cos_h), ("w", iw, cos_w)):
         _require(cos.size(2) == 1, lambda: f"expected third dim of cos_{axis}/sin_{axis} equals "
                                    f"1, got shape {tuple(cos.shape)}")
         where = "height" if axis == "h" else "width"
@@ -372,7 +403,6 @@ def _two_d(direction: str, t: torch.Tensor, cos_h, sin_h, cos_w, sin_w, name: st
                                       f"cos_{axis}/sin_{axis}'s ({size} > {cos.size(1)})")
         _require(d // 2 == cos.size(3), lambda: f"expected cos_{axis}/sin_{axis}'s head dim equals "
                                         f"{name}'s head dim / 2 ({cos.size(3)} vs {d} / 2)")
-    op = f"dispatch_fused_rope_2d_{direction}"
     _check_table_pair(t, cos_h, op)
     # Added (the original checks these in the Python wrapper only, or not at all: a mismatch
     # throws inside data_ptr<T>() or reads the wrong rows).
@@ -389,7 +419,14 @@ def _two_d(direction: str, t: torch.Tensor, cos_h, sin_h, cos_w, sin_w, name: st
     _check_grid(iw, "iw (image width)")
     _check_grid(b, "b")
     _check_int32(t.numel(), **{name: t}, **tables)
+
+
+def _two_d(direction: str, t: torch.Tensor, cos_h, sin_h, cos_w, sin_w, name: str
+           ) -> torch.Tensor:
+    tables = dict(cos_h=cos_h, sin_h=sin_h, cos_w=cos_w, sin_w=sin_w)
+    _check_2d(t, tables, name, f"dispatch_fused_rope_2d_{direction}")
     device = _device(**{name: t}, **tables)
+    b, ih, iw, h, d = t.shape
     out = _alloc.empty((b, ih * iw, h, d), dtype=t.dtype, device=t.device)
     if out.numel() == 0:
         return out
@@ -419,4 +456,5 @@ def backward_2d(output_grads: torch.Tensor, cos_h: torch.Tensor, sin_h: torch.Te
 
 
 __all__ = ["MODULE", "forward", "backward", "forward_cached", "backward_cached", "forward_thd",
-           "backward_thd", "forward_2d", "backward_2d", "validate_cu_seqlens"]
+           "backward_thd", "forward_2d", "backward_2d", "validate_cu_seqlens", "rope_thd",
+           "check_2d_view"]
