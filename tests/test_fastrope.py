@@ -1,5 +1,5 @@
-"""The study kernel's host side, without a GPU: argument checks, the launch plan, the registry
-entries and the study suites.
+"""fastrope's host side, without a GPU: argument checks, the validated problem, the launch plan,
+the ablation tunings, the registry entries and the suites that run the kernel.
 
 ``apply_rope`` promises that every bad argument raises on the host, before any launch (a kernel
 fault would poison the CUDA context). The dtype, rank, layout and style checks come before the
@@ -18,13 +18,15 @@ import torch
 
 from ports import registry
 from ports.harness.suites import get_suite
-from ports.fastrope import _launch, apply_rope, apply_rope_inplace
+from ports.fastrope import ablation, kernel, launcher, plan, problem
+from ports.fastrope import MODULE, apply_rope, apply_rope_inplace
+from ports.fastrope.ablation import Tuning
 from reference.case import RopeCase
 
 ENTRY_POINTS = [apply_rope, apply_rope_inplace]
 ENTRY_IDS = ["apply_rope", "apply_rope_inplace"]
-STUDY_NAMES = {"fastrope.rope", "fastrope.rope_computed", "fastrope.rope_inplace"}
-PLAN = _launch.plan  # the real plan, kept before the no_launch fixture replaces it
+FASTROPE_NAMES = {"fastrope.rope", "fastrope.rope_computed", "fastrope.rope_inplace"}
+CHOOSE = plan.choose  # the real planner, kept before the no_launch fixture replaces it
 
 
 class FakeCuda(torch.Tensor):
@@ -49,8 +51,9 @@ def no_launch(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("reached the launch side: the host checks should have raised first")
 
-    for name in ("plan", "prepare", "launch", "sm_count"):
-        monkeypatch.setattr(_launch, name, refuse)
+    for module, name in ((plan, "choose"), (plan, "sm_count"), (launcher, "prepare"),
+                         (launcher, "launch")):
+        monkeypatch.setattr(module, name, refuse)
 
 
 # ---- checks before the device check: plain CPU tensors -------------------------------------------
@@ -256,7 +259,7 @@ def test_thd_longest_sequence_past_the_table():
 def _vw(elem=2, units=(64,), strides=(8192, 512, 128), addresses=(0x10000, 0x20000),
         table_elem=4, per_chunk=lambda v: v, table_stride=128, table_address=0x30000,
         minimum=1):
-    return _launch.vector_width(elem, tuple(units), tuple(strides), tuple(addresses), table_elem,
+    return plan.vector_width(elem, tuple(units), tuple(strides), tuple(addresses), table_elem,
                                 per_chunk, table_stride, table_address, minimum)
 
 
@@ -333,7 +336,7 @@ def test_vector_width_satisfies_every_constraint(seed):
 def _plan(monkeypatch, shape=(2, 16, 4, 128), dtype=torch.bfloat16, rotary_dim=None, k_heads=None,
           interleaved=False, computed=False, in_place=False, src_strides=None,
           tables_dtype=torch.float32, **kw):
-    monkeypatch.setattr(_launch, "sm_count", lambda index: 132)
+    monkeypatch.setattr(plan, "sm_count", lambda index: 132)
     b, s, h, d = shape
     rot = d if rotary_dim is None else rotary_dim
     ops = []
@@ -341,18 +344,18 @@ def _plan(monkeypatch, shape=(2, 16, 4, 128), dtype=torch.bfloat16, rotary_dim=N
         x = rand(b, s, heads, d, dtype=dtype)
         out = x if in_place else torch.empty_like(x)
         st = lambda t: (t.stride(0), t.stride(1), t.stride(2))
-        ops.append(_launch.Operand(x, out, heads, src_strides or st(x), st(out)))
+        ops.append(plan.Operand(x, out, heads, src_strides or st(x), st(out)))
     tables = None if computed else (rand(s, rot).to(tables_dtype), rand(s, rot).to(tables_dtype),
                                     False)
-    return PLAN(operands=ops, batch=b, seqlen=s, head_dim=d, rotary_dim=rot,
+    return CHOOSE(operands=ops, batch=b, seqlen=s, head_dim=d, rotary_dim=rot,
                 interleaved=interleaved, tables=tables, computed=computed, in_place=in_place,
                 **kw)
 
 
 def test_kernel_name_is_the_template_instantiation():
-    assert (_launch.kernel_name(torch.bfloat16, torch.float32, 8, False, True, 32, 4)
+    assert (kernel.kernel_name(torch.bfloat16, torch.float32, 8, False, True, 32, 4)
             == "study_rope<__nv_bfloat16, float, 8, false, true, int, 4, 0>")
-    assert (_launch.kernel_name(torch.float16, torch.float16, 2, True, False, 64, 1, 5)
+    assert (kernel.kernel_name(torch.float16, torch.float16, 2, True, False, 64, 1, 5)
             == "study_rope<__half, __half, 2, true, false, long long, 1, 5>")
 
 
@@ -371,7 +374,7 @@ def test_plan_covers_the_problem_within_block_limits(monkeypatch, shape, k_heads
     b, s, h, d = shape
     p = _plan(monkeypatch, shape, rotary_dim=rotary_dim, k_heads=k_heads, computed=computed)
     chunks, lanes, tokens = p.block
-    assert chunks * lanes * tokens <= _launch.THREADS_PER_BLOCK
+    assert chunks * lanes * tokens <= plan.THREADS_PER_BLOCK
     assert chunks == p.rot_chunks + p.tail_chunks
     rot = d if rotary_dim is None else rotary_dim
     # a thread per chunk of the R rotated channels, or of one half (partners loaded alongside)
@@ -382,11 +385,11 @@ def test_plan_covers_the_problem_within_block_limits(monkeypatch, shape, k_heads
     assert p.grid[2] * p.heads_per_split >= htot
     assert (p.grid[2] - 1) * p.heads_per_split < htot     # no empty head split
     if computed:
-        assert 0 < p.shared_mem <= _launch.SMEM_LIMIT
+        assert 0 < p.shared_mem <= plan.SMEM_LIMIT
         assert p.shared_mem >= 2 * rot * 4 * tokens  # cos and sin rows [R] fp32 per token
     else:
         assert p.shared_mem == 0
-    assert p.kernel == _launch.kernel_name(torch.bfloat16, torch.float32, p.vector, False,
+    assert p.kernel == kernel.kernel_name(torch.bfloat16, torch.float32, p.vector, False,
                                            computed, p.index_bits, p.unroll)
 
 
@@ -459,16 +462,16 @@ def test_plan_refuses_rows_wider_than_a_block(monkeypatch):
 
 
 # ---- the registry ------------------------------------------------------------------------------
-def test_study_specs_are_registered():
-    assert {s.name for s in registry.select(["fastrope"])} == STUDY_NAMES
-    for name in STUDY_NAMES:
+def test_fastrope_specs_are_registered():
+    assert {s.name for s in registry.select(["fastrope"])} == FASTROPE_NAMES
+    for name in FASTROPE_NAMES:
         spec = registry.get(name)
         assert spec.family == "fastrope" and spec.kind != "ablation" and spec.backend == "cupy"
 
 
 def test_ablations_run_only_when_named():
     default = registry.select()
-    assert STUDY_NAMES <= {s.name for s in default}
+    assert FASTROPE_NAMES <= {s.name for s in default}
     assert not [s.name for s in default if s.kind == "ablation" or s.family == "fastrope-ablation"]
     ablations = registry.select(["fastrope-ablation"])
     assert len(ablations) >= 5
@@ -480,14 +483,14 @@ def test_ablations_run_only_when_named():
 
 @pytest.mark.parametrize("spec", registry.select(["fastrope", "fastrope-ablation"]),
                          ids=lambda s: s.name)
-def test_study_specs_describe_their_design(spec):
+def test_fastrope_specs_describe_their_design(spec):
     for field in ("summary", "launch", "access", "math", "per_thread", "upstream"):
         value = getattr(spec, field)
         assert isinstance(value, str) and value.strip(), f"{spec.name}.{field} is empty"
 
 
-def test_study_spec_support():
-    """The study kernel takes every smoke/crossval case on a GPU (computed angles: not the
+def test_fastrope_spec_support():
+    """fastrope takes every smoke/crossval case on a GPU (computed angles: not the
     asymmetric ones), says why not on a CPU, and refuses fp64 tables."""
     cases = get_suite("smoke") + get_suite("crossval")
     for spec in registry.select(["fastrope"]):
@@ -504,8 +507,8 @@ def test_study_spec_support():
     assert registry.get("fastrope.rope_computed").table_source == "computed"
 
 
-# ---- the study suites ---------------------------------------------------------------------------
-def test_ablation_suite_has_cases_every_study_spec_runs():
+# ---- the suites ------------------------------------------------------------------------------
+def test_ablation_suite_has_cases_every_fastrope_spec_runs():
     cases = get_suite("ablation")
     assert cases and all(isinstance(c, RopeCase) for c in cases)
     for spec in registry.select(["fastrope", "fastrope-ablation"]):
@@ -515,6 +518,6 @@ def test_ablation_suite_has_cases_every_study_spec_runs():
 
 @pytest.mark.parametrize("name", ["smoke", "crossval", "decode", "partial", "positions", "varlen",
                                   "gqa", "interleaved", "qkv", "long", "ablation"])
-def test_study_suites_exist(name):
+def test_fastrope_suites_exist(name):
     cases = get_suite(name)
     assert cases and all(isinstance(c, RopeCase) for c in cases)
