@@ -11,6 +11,7 @@ moved behind a launch, or went missing, fails here instead of touching a device.
 """
 from __future__ import annotations
 
+import functools
 import re
 
 import pytest
@@ -253,6 +254,111 @@ def test_thd_longest_sequence_past_the_table():
     cu = torch.tensor([0, 2, 7], dtype=torch.int32)  # the longest sequence has 5 tokens
     with pytest.raises(IndexError, match=r"positions reach \[0, 4\] but cos/sin have 4 rows"):
         apply_rope(q, layout="thd", cu_seqlens=cu, cos=rand(4, 8), sin=rand(4, 8))
+
+
+# ---- the validated problem -----------------------------------------------------------------------
+ARGUMENTS = dict(k=None, cos=None, sin=None, positions=None, offsets=None, cu_seqlens=None,
+                 max_seqlen=None, style="rotate_half", layout="bshd", rotary_dim=None,
+                 base=10000.0, inv_freq=None)
+
+
+def _validate(q, **changes):
+    return problem.validate(q=q, **dict(ARGUMENTS, **changes))
+
+
+def test_validate_sums_up_the_call():
+    """One keyword-only frozen Problem per call, its fields read off the arguments."""
+    q = fake(rand(2, 5, 3, 16))
+    cos, sin = rand(8, 8), rand(8, 8)
+    ids = torch.zeros(2, 5, dtype=torch.int32)
+    p = _validate(q, k=fake(rand(2, 5, 1, 16)), cos=cos, sin=sin, positions=ids,
+                  style="interleaved", rotary_dim=8)
+    assert (p.layout, p.interleaved, p.batch, p.seqlen, p.head_dim, p.rotary_dim) == (
+        "bshd", True, 2, 5, 16, 8)
+    assert not p.computed and p.table_dtype == torch.float32 and p.table_rows == 8
+    assert p.table_stride == 8 and not p.tables_need_copy and not p.half_table
+    assert p.pos_mode == problem.POSITIONS_IDS and p.pos_strides == (5, 1) and p.pos_int32
+    assert p.default_inv_freq is None and p.nseq == 0
+    with pytest.raises(TypeError):
+        problem.Problem(**{f: getattr(p, f) for f in problem.Problem.__dataclass_fields__}, x=1)
+    with pytest.raises(TypeError, match="positional"):
+        problem.Problem("bshd")
+    with pytest.raises(AttributeError):
+        p.batch = 3
+
+
+def test_validate_computed_angles_and_packed_sequences():
+    q = fake(rand(7, 2, 8))
+    cu = torch.tensor([0, 2, 7], dtype=torch.int32)
+    p = _validate(q, layout="thd", cu_seqlens=cu, offsets=torch.tensor([0, 4]))
+    assert p.computed and p.table_dtype is None and p.nseq == 2 and (p.batch, p.seqlen) == (1, 7)
+    assert p.pos_mode == problem.POSITIONS_OFFSETS and p.pos_strides == (1, 0)
+    assert p.default_inv_freq.dtype == torch.float64 and p.default_inv_freq.shape == (4,)
+    half = _validate(fake(rand(2, 5, 3, 16)), cos=rand(8, 8).t().contiguous().t(),
+                     sin=rand(8, 8), offsets=3)
+    assert half.tables_need_copy and half.table_stride == 8 and half.half_table
+    assert half.pos_mode == problem.POSITIONS_ARANGE
+
+
+def test_input_key_tells_tunings_and_in_place_apart():
+    q = fake(rand(2, 5, 3, 16)).as_subclass(torch.Tensor)  # a plain tensor: cacheable
+    key = functools.partial(problem.input_key, q=q, **ARGUMENTS)
+    assert key(extra=(None, False)) == key(extra=(None, False))
+    assert key(extra=(None, False)) != key(extra=(None, True))
+    assert key(extra=(Tuning(unroll=2), False)) != key(extra=(None, False))
+    assert problem.input_key(q=fake(q), extra=None, **ARGUMENTS) is None  # subclass: no cache
+
+
+# ---- ablations ------------------------------------------------------------------------------------
+def test_public_functions_take_no_tuning():
+    for fn in ENTRY_POINTS:
+        with pytest.raises(TypeError, match="_tuning"):
+            fn(fake(rand(2, 4, 3, 8)), _tuning=Tuning())
+
+
+@pytest.mark.parametrize("fn", [ablation.apply_rope, ablation.apply_rope_inplace],
+                         ids=ENTRY_IDS)
+def test_ablation_functions_check_like_the_public_ones(fn):
+    """The ablation entry points run the same host checks, and want a Tuning."""
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        fn(rand(2, 4, 3, 8), tuning=Tuning(unroll=1))
+    with pytest.raises(ValueError, match="rotary_dim"):
+        fn(fake(rand(2, 4, 3, 8)), rotary_dim=7, tuning=Tuning())
+    with pytest.raises(TypeError, match="tuning must be an ablation.Tuning"):
+        fn(fake(rand(2, 4, 3, 8)), tuning=dict(unroll=1))
+
+
+@pytest.mark.parametrize("bad", [dict(flags=32), dict(flags=-1), dict(shape_rule="flat"),
+                                 dict(vector_cap=0), dict(unroll=2.0), dict(index_bits=16)])
+def test_bad_tunings_are_refused(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        Tuning(**bad)
+
+
+def test_tuning_sets_the_plan_options(monkeypatch):
+    """Each tuning field reaches the planner under its own name; the default is the design."""
+    assert _plan(monkeypatch, **Tuning().plan_options()) == _plan(monkeypatch)
+    assert _plan(monkeypatch, **Tuning(vector_cap=2).plan_options()).vector == 2
+    assert _plan(monkeypatch, **Tuning(unroll=4).plan_options()).unroll == 4
+    assert _plan(monkeypatch, **Tuning(index_bits=64).plan_options()).index_bits == 64
+    flagged = _plan(monkeypatch, **Tuning(flags=kernel.DIVIDE).plan_options())
+    assert flagged.kernel.endswith(f", {kernel.DIVIDE}>")
+
+
+def test_compile_checked_instantiations_cover_the_kernel():
+    """MODULE (what the sm_90 compile test builds) holds every dtype, style, angle source and
+    FLAGS bit, and 64-bit offsets."""
+    names = MODULE.kernels
+    assert names == kernel.COMPILE_CHECKED and len(set(names)) == len(names)
+    # study_rope<T, TT, V, INTERLEAVED, COMPUTED, IDX, UNROLL, FLAGS>
+    args = [n[n.index("<") + 1:-1].split(", ") for n in names]
+    assert {a[0] for a in args} == set(kernel.CTYPE.values())
+    assert {(a[3], a[4]) for a in args} == {(i, c) for i in ("false", "true")
+                                            for c in ("false", "true")}
+    assert {a[5] for a in args} == {"int", "long long"}
+    for flag in (kernel.RELOAD_TABLE, kernel.NO_CACHE_HINTS, kernel.ANGLE_FP32, kernel.DIVIDE,
+                 kernel.BOTH_HALVES):
+        assert any(int(a[7]) & flag for a in args), flag
 
 
 # ---- the vector width ---------------------------------------------------------------------------
