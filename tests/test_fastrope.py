@@ -309,7 +309,7 @@ def test_input_key_tells_tunings_and_in_place_apart():
     assert problem.input_key(q=fake(q), extra=None, **ARGUMENTS) is None  # subclass: no cache
 
 
-# ---- ablations ------------------------------------------------------------------------------------
+# ---- ablations -----------------------------------------------------------------------------------
 def test_public_functions_take_no_tuning():
     for fn in ENTRY_POINTS:
         with pytest.raises(TypeError, match="_tuning"):

@@ -189,8 +189,8 @@ CASES = [small(c) for name in CROSSVAL_SUITES for c in get_suite(name)] + EDGE_C
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.label}: {c.describe()}")
 def test_fastrope_specs_cross_validate(case):
-    """fastrope.rope, fastrope.rope_computed and fastrope.rope_inplace match the oracle (computed angles
-    may decline asymmetric tables, with a reason)."""
+    """fastrope.rope, fastrope.rope_computed and fastrope.rope_inplace match the oracle (computed
+    angles may decline asymmetric tables, with a reason)."""
     report = run_case(case, FASTROPE, seed=_seed(case), timing_on=False, targets=CUDA, device=DEV)
     assert {r.impl for r in report.results} == {s.name for s in FASTROPE}
     for r in report.results:
