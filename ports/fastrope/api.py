@@ -80,15 +80,14 @@ class _Call:
 
     __slots__ = ("cos", "cu_seqlens", "inv_freq", "pos_add", "positions", "sin")
 
-    def __init__(self, p: Problem, device, *, cos, sin, positions, offsets, cu_seqlens,
-                 inv_freq):
+    def __init__(self, p: Problem, q, *, cos, sin, positions, offsets, cu_seqlens, inv_freq):
         if p.tables_need_copy:
             cos, sin = cos.contiguous(), sin.contiguous()
         self.cos, self.sin = cos, sin
         self.inv_freq = None
         if p.computed:
             self.inv_freq = p.default_inv_freq if inv_freq is None else \
-                inv_freq.to(device=device, dtype=torch.float64).contiguous()
+                inv_freq.to(device=q.device, dtype=torch.float64).contiguous()
         self.positions = positions if positions is not None else (
             offsets if isinstance(offsets, torch.Tensor) else None)
         self.cu_seqlens = cu_seqlens
@@ -113,7 +112,11 @@ def _execute(launches, c: _Call, xs, outs) -> None:
 def _new_outputs(xs):
     """Contiguous outputs like xs (NaN under ``ports._alloc.poisoned()``, to prove every element
     is written)."""
-    return [_alloc.empty_like(x) for x in xs]
+    outs = [torch.empty_like(x, memory_format=torch.contiguous_format) for x in xs]
+    if _alloc.poisoning():
+        for out in outs:
+            out.fill_(float("nan"))
+    return outs
 
 
 def _backward(ctx, grads):
@@ -178,7 +181,7 @@ def rotate(q, k=None, *, in_place: bool, tuning: Tuning | None = None, cos=None,
     if check_positions:
         problem.check_contents(p, cos=cos, positions=positions, offsets=offsets,
                                cu_seqlens=cu_seqlens)
-    call = _Call(p, q.device, cos=cos, sin=sin, positions=positions, offsets=offsets,
+    call = _Call(p, q, cos=cos, sin=sin, positions=positions, offsets=offsets,
                  cu_seqlens=cu_seqlens, inv_freq=inv_freq)
     xs = [q] if k is None else [q, k]
     outs = None
