@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import re
+import types
 
 import pytest
 import torch
@@ -27,7 +28,8 @@ from reference.case import RopeCase
 ENTRY_POINTS = [apply_rope, apply_rope_inplace]
 ENTRY_IDS = ["apply_rope", "apply_rope_inplace"]
 FASTROPE_NAMES = {"fastrope.rope", "fastrope.rope_computed", "fastrope.rope_inplace"}
-CHOOSE = plan.choose  # the real planner, kept before the no_launch fixture replaces it
+CHOOSE = plan.choose  # the real planner and packer, kept before the no_launch fixture
+PREPARE = launcher.prepare  # replaces them
 
 
 class FakeCuda(torch.Tensor):
@@ -326,6 +328,40 @@ def test_ablation_functions_check_like_the_public_ones(fn):
         fn(fake(rand(2, 4, 3, 8)), rotary_dim=7, tuning=Tuning())
     with pytest.raises(TypeError, match="tuning must be an ablation.Tuning"):
         fn(fake(rand(2, 4, 3, 8)), tuning=dict(unroll=1))
+
+
+@pytest.fixture
+def recorded_launches(monkeypatch):
+    """The real planner and packer with the device side faked (132 SMs, no compile, no launch):
+    the list of Launches that calls make."""
+    launches = []
+    monkeypatch.setattr(plan, "choose", CHOOSE)
+    monkeypatch.setattr(plan, "sm_count", lambda index: 132)
+    monkeypatch.setattr(launcher, "prepare", PREPARE)
+    monkeypatch.setattr(kernel, "function_ptr", lambda device, name: 1)
+    monkeypatch.setattr(launcher, "_driver", lambda: types.SimpleNamespace(launchKernel=None))
+    monkeypatch.setattr(launcher, "launch", lambda lc, *pointers: launches.append(lc))
+    return launches
+
+
+def test_tunings_reach_the_launch(recorded_launches):
+    """The public call runs the design; the ablation calls change only what their tuning says,
+    and each tuning gets its own cached launches."""
+    q, k = fake(rand(2, 16, 4, 64)), fake(rand(2, 16, 2, 64))
+    tables = dict(cos=rand(16, 64), sin=rand(16, 64))
+    apply_rope(q, k, **tables)
+    (design,) = recorded_launches
+    assert design.plan.unroll == 1 and design.plan.vector == 4
+    ablation.apply_rope(q, k, tuning=Tuning(unroll=2, flags=kernel.DIVIDE), **tables)
+    tuned = recorded_launches[-1].plan
+    assert tuned.unroll == 2 and tuned.kernel.endswith(f", 2, {kernel.DIVIDE}>")
+    assert (tuned.vector, tuned.index_bits) == (design.plan.vector, design.plan.index_bits)
+    recorded_launches.clear()
+    ablation.apply_rope_inplace(q, k, tuning=Tuning(separate_launches=True), **tables)
+    assert len(recorded_launches) == 2  # q and k in two launches
+    recorded_launches.clear()
+    apply_rope(q, k, **tables)
+    assert [lc.plan for lc in recorded_launches] == [design.plan]
 
 
 @pytest.mark.parametrize("bad", [dict(flags=32), dict(flags=-1), dict(shape_rule="flat"),
