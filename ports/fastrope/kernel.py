@@ -16,12 +16,12 @@ FILENAME = "rope.cu"
 OPTIONS: tuple[str, ...] = ()  # no fast math: accurate sincos, IEEE division and denormals
 
 # rope.cu's FLAGS template argument: each switches one idea of the design off (0: the design).
+# BOTH_HALVES is also what in-place calls and rows wider than a block use (plan.py sets it).
 RELOAD_TABLE = 1      # load cos/sin again for every head instead of once per token
 NO_CACHE_HINTS = 2    # plain loads/stores instead of streaming (evict-first) ones
 ANGLE_FP32 = 4        # computed angles: fp32 pos * inv_freq and sincosf
 DIVIDE = 8            # recover (b, s, h, chunk) from a flat index with div/mod per head
-BOTH_HALVES = 16      # rotate-half: a thread owns a chunk of each half (no partner loads);
-#                       also what in-place calls and rows wider than a block use
+BOTH_HALVES = 16      # rotate-half: a thread owns a chunk of each half (no partner loads)
 
 # The element type T (and table type TT) as rope.cu spells it.
 CTYPE = {torch.float32: "float", torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
