@@ -13,7 +13,8 @@ from ports import _cupy
 from ports.fastrope import kernel, launcher, plan, problem
 from ports.harness.timing import graph_median_us, median_us
 
-__all__ = ["best", "checked_launch", "decode_inputs", "launch_of", "make", "min_of_interleaved"]
+__all__ = ["best", "checked_launch", "decode_inputs", "launch_of", "make", "min_of_interleaved",
+           "run_named"]
 
 
 def make(layout, shape, dtype):
@@ -95,3 +96,12 @@ def min_of_interleaved(calls, reps=3, timer=median_us):
         for k, f in calls.items():
             times[k].append(timer(f))
     return {k: min(v) for k, v in times.items()}
+
+
+def run_named(probes: dict, names: list[str]) -> None:
+    """Run the probes named on the command line (all of them without names), in order."""
+    unknown = [n for n in names if n not in probes]
+    if unknown:
+        raise SystemExit(f"unknown probe {', '.join(unknown)}; choose from {', '.join(probes)}")
+    for name in names or probes:
+        probes[name]()

@@ -16,7 +16,7 @@ import torch
 
 from ports.eager.canonical import _compiled_apply
 from ports.fastrope import apply_rope
-from tools._probe_kit import best, checked_launch, decode_inputs
+from tools._probe_kit import best, checked_launch, decode_inputs, run_named
 
 
 def positions():
@@ -54,5 +54,4 @@ def shapes():
 PROBES = {"positions": positions, "shapes": shapes}
 
 if __name__ == "__main__":
-    for name in sys.argv[1:] or PROBES:
-        PROBES[name]()
+    run_named(PROBES, sys.argv[1:])

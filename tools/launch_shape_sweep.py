@@ -35,7 +35,7 @@ SHAPES = [  # layout, (b, s, h, d) in bshd order, dtype
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", nargs="+", default=["ports/fastrope/rope.cu"])
     ap.add_argument("--quick", action="store_true", help="fewer configurations")
     ap.add_argument("--default-plan", action="store_true",

@@ -17,7 +17,7 @@ import torch
 
 from ports.eager.canonical import _compiled_apply
 from ports.fastrope import ablation, apply_rope
-from tools._probe_kit import best, checked_launch, make, min_of_interleaved
+from tools._probe_kit import best, checked_launch, make, min_of_interleaved, run_named
 
 
 def order():
@@ -65,5 +65,4 @@ def fold():
 PROBES = {"order": order, "fold": fold}
 
 if __name__ == "__main__":
-    for name in sys.argv[1:] or PROBES:
-        PROBES[name]()
+    run_named(PROBES, sys.argv[1:])
