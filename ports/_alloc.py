@@ -25,6 +25,12 @@ def empty_like(t: torch.Tensor) -> torch.Tensor:
     return empty(t.shape, dtype=t.dtype, device=t.device)
 
 
+def poisoning() -> bool:
+    """Whether outputs allocated now should be poisoned (inside :func:`poisoned`): for ports that
+    allocate their outputs themselves."""
+    return _poison_depth > 0
+
+
 @contextlib.contextmanager
 def poisoned() -> Iterator[None]:
     """Within this block, outputs from :func:`empty` are filled with NaN."""

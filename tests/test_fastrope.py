@@ -1,5 +1,5 @@
-"""The study kernel's host side, without a GPU: argument checks, the launch plan, the registry
-entries and the study suites.
+"""fastrope's host side, without a GPU: argument checks, the validated problem, the launch plan,
+the ablation tunings, the registry entries and the suites that run the kernel.
 
 ``apply_rope`` promises that every bad argument raises on the host, before any launch (a kernel
 fault would poison the CUDA context). The dtype, rank, layout and style checks come before the
@@ -11,20 +11,25 @@ moved behind a launch, or went missing, fails here instead of touching a device.
 """
 from __future__ import annotations
 
+import functools
 import re
+import types
 
 import pytest
 import torch
 
 from ports import registry
 from ports.harness.suites import get_suite
-from ports.fastrope import _launch, apply_rope, apply_rope_inplace
+from ports.fastrope import ablation, kernel, launcher, plan, problem
+from ports.fastrope import MODULE, apply_rope, apply_rope_inplace
+from ports.fastrope.ablation import Tuning
 from reference.case import RopeCase
 
 ENTRY_POINTS = [apply_rope, apply_rope_inplace]
 ENTRY_IDS = ["apply_rope", "apply_rope_inplace"]
-STUDY_NAMES = {"fastrope.rope", "fastrope.rope_computed", "fastrope.rope_inplace"}
-PLAN = _launch.plan  # the real plan, kept before the no_launch fixture replaces it
+FASTROPE_NAMES = {"fastrope.rope", "fastrope.rope_computed", "fastrope.rope_inplace"}
+CHOOSE = plan.choose  # the real planner and packer, kept before the no_launch fixture
+PREPARE = launcher.prepare  # replaces them
 
 
 class FakeCuda(torch.Tensor):
@@ -49,8 +54,9 @@ def no_launch(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("reached the launch side: the host checks should have raised first")
 
-    for name in ("plan", "prepare", "launch", "sm_count"):
-        monkeypatch.setattr(_launch, name, refuse)
+    for module, name in ((plan, "choose"), (plan, "sm_count"), (launcher, "prepare"),
+                         (launcher, "launch")):
+        monkeypatch.setattr(module, name, refuse)
 
 
 # ---- checks before the device check: plain CPU tensors -------------------------------------------
@@ -252,11 +258,150 @@ def test_thd_longest_sequence_past_the_table():
         apply_rope(q, layout="thd", cu_seqlens=cu, cos=rand(4, 8), sin=rand(4, 8))
 
 
+# ---- the validated problem -----------------------------------------------------------------------
+ARGUMENTS = dict(k=None, cos=None, sin=None, positions=None, offsets=None, cu_seqlens=None,
+                 max_seqlen=None, style="rotate_half", layout="bshd", rotary_dim=None,
+                 base=10000.0, inv_freq=None)
+
+
+def _validate(q, **changes):
+    return problem.validate(q=q, **dict(ARGUMENTS, **changes))
+
+
+def test_validate_sums_up_the_call():
+    """One keyword-only frozen Problem per call, its fields read off the arguments."""
+    q = fake(rand(2, 5, 3, 16))
+    cos, sin = rand(8, 8), rand(8, 8)
+    ids = torch.zeros(2, 5, dtype=torch.int32)
+    p = _validate(q, k=fake(rand(2, 5, 1, 16)), cos=cos, sin=sin, positions=ids,
+                  style="interleaved", rotary_dim=8)
+    assert (p.layout, p.interleaved, p.batch, p.seqlen, p.head_dim, p.rotary_dim) == (
+        "bshd", True, 2, 5, 16, 8)
+    assert not p.computed and p.table_dtype == torch.float32 and p.table_rows == 8
+    assert p.table_stride == 8 and not p.tables_need_copy and not p.half_table
+    assert p.pos_mode == problem.POSITIONS_IDS and p.pos_strides == (5, 1) and p.pos_int32
+    assert p.default_inv_freq is None and p.nseq == 0
+    with pytest.raises(TypeError):
+        problem.Problem(**{f: getattr(p, f) for f in problem.Problem.__dataclass_fields__}, x=1)
+    with pytest.raises(TypeError, match="positional"):
+        problem.Problem("bshd")
+    with pytest.raises(AttributeError):
+        p.batch = 3
+
+
+def test_validate_computed_angles_and_packed_sequences():
+    q = fake(rand(7, 2, 8))
+    cu = torch.tensor([0, 2, 7], dtype=torch.int32)
+    p = _validate(q, layout="thd", cu_seqlens=cu, offsets=torch.tensor([0, 4]))
+    assert p.computed and p.table_dtype is None and p.nseq == 2 and (p.batch, p.seqlen) == (1, 7)
+    assert p.pos_mode == problem.POSITIONS_OFFSETS and p.pos_strides == (1, 0)
+    assert p.default_inv_freq.dtype == torch.float64 and p.default_inv_freq.shape == (4,)
+    half = _validate(fake(rand(2, 5, 3, 16)), cos=rand(8, 8).t().contiguous().t(),
+                     sin=rand(8, 8), offsets=3)
+    assert half.tables_need_copy and half.table_stride == 8 and half.half_table
+    assert half.pos_mode == problem.POSITIONS_ARANGE
+
+
+def test_input_key_tells_tunings_and_in_place_apart():
+    q = fake(rand(2, 5, 3, 16)).as_subclass(torch.Tensor)  # a plain tensor: cacheable
+    key = functools.partial(problem.input_key, q=q, **ARGUMENTS)
+    assert key(extra=(None, False)) == key(extra=(None, False))
+    assert key(extra=(None, False)) != key(extra=(None, True))
+    assert key(extra=(Tuning(unroll=2), False)) != key(extra=(None, False))
+    assert problem.input_key(q=fake(q), extra=None, **ARGUMENTS) is None  # subclass: no cache
+
+
+# ---- ablations -----------------------------------------------------------------------------------
+def test_public_functions_take_no_tuning():
+    for fn in ENTRY_POINTS:
+        with pytest.raises(TypeError, match="_tuning"):
+            fn(fake(rand(2, 4, 3, 8)), _tuning=Tuning())
+
+
+@pytest.mark.parametrize("fn", [ablation.apply_rope, ablation.apply_rope_inplace],
+                         ids=ENTRY_IDS)
+def test_ablation_functions_check_like_the_public_ones(fn):
+    """The ablation entry points run the same host checks, and want a Tuning."""
+    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
+        fn(rand(2, 4, 3, 8), tuning=Tuning(unroll=1))
+    with pytest.raises(ValueError, match="rotary_dim"):
+        fn(fake(rand(2, 4, 3, 8)), rotary_dim=7, tuning=Tuning())
+    with pytest.raises(TypeError, match="tuning must be an ablation.Tuning"):
+        fn(fake(rand(2, 4, 3, 8)), tuning=dict(unroll=1))
+
+
+@pytest.fixture
+def recorded_launches(monkeypatch):
+    """The real planner and packer with the device side faked (132 SMs, no compile, no launch):
+    the list of Launches that calls make."""
+    launches = []
+    monkeypatch.setattr(plan, "choose", CHOOSE)
+    monkeypatch.setattr(plan, "sm_count", lambda index: 132)
+    monkeypatch.setattr(launcher, "prepare", PREPARE)
+    monkeypatch.setattr(kernel, "function_ptr", lambda device, name: 1)
+    monkeypatch.setattr(launcher, "_driver", lambda: types.SimpleNamespace(launchKernel=None))
+    monkeypatch.setattr(launcher, "launch", lambda lc, *pointers: launches.append(lc))
+    return launches
+
+
+def test_tunings_reach_the_launch(recorded_launches):
+    """The public call runs the design; the ablation calls change only what their tuning says,
+    and each tuning gets its own cached launches."""
+    q, k = fake(rand(2, 16, 4, 64)), fake(rand(2, 16, 2, 64))
+    tables = dict(cos=rand(16, 64), sin=rand(16, 64))
+    apply_rope(q, k, **tables)
+    (design,) = recorded_launches
+    assert design.plan.unroll == 1 and design.plan.vector == 4
+    ablation.apply_rope(q, k, tuning=Tuning(unroll=2, flags=kernel.DIVIDE), **tables)
+    tuned = recorded_launches[-1].plan
+    assert tuned.unroll == 2 and tuned.kernel.endswith(f", 2, {kernel.DIVIDE}>")
+    assert (tuned.vector, tuned.index_bits) == (design.plan.vector, design.plan.index_bits)
+    recorded_launches.clear()
+    ablation.apply_rope_inplace(q, k, tuning=Tuning(separate_launches=True), **tables)
+    assert len(recorded_launches) == 2  # q and k in two launches
+    recorded_launches.clear()
+    apply_rope(q, k, **tables)
+    assert [lc.plan for lc in recorded_launches] == [design.plan]
+
+
+@pytest.mark.parametrize("bad", [dict(flags=32), dict(flags=-1), dict(shape_rule="flat"),
+                                 dict(vector_cap=0), dict(unroll=2.0), dict(index_bits=16)])
+def test_bad_tunings_are_refused(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        Tuning(**bad)
+
+
+def test_tuning_sets_the_plan_options(monkeypatch):
+    """Each tuning field reaches the planner under its own name; the default is the design."""
+    assert _plan(monkeypatch, **Tuning().plan_options()) == _plan(monkeypatch)
+    assert _plan(monkeypatch, **Tuning(vector_cap=2).plan_options()).vector == 2
+    assert _plan(monkeypatch, **Tuning(unroll=4).plan_options()).unroll == 4
+    assert _plan(monkeypatch, **Tuning(index_bits=64).plan_options()).index_bits == 64
+    flagged = _plan(monkeypatch, **Tuning(flags=kernel.DIVIDE).plan_options())
+    assert flagged.kernel.endswith(f", {kernel.DIVIDE}>")
+
+
+def test_compile_checked_instantiations_cover_the_kernel():
+    """MODULE (what the sm_90 compile test builds) holds every dtype, style, angle source and
+    FLAGS bit, and 64-bit offsets."""
+    names = MODULE.kernels
+    assert names == kernel.COMPILE_CHECKED and len(set(names)) == len(names)
+    # study_rope<T, TT, V, INTERLEAVED, COMPUTED, IDX, UNROLL, FLAGS>
+    args = [n[n.index("<") + 1:-1].split(", ") for n in names]
+    assert {a[0] for a in args} == set(kernel.CTYPE.values())
+    assert {(a[3], a[4]) for a in args} == {(i, c) for i in ("false", "true")
+                                            for c in ("false", "true")}
+    assert {a[5] for a in args} == {"int", "long long"}
+    for flag in (kernel.RELOAD_TABLE, kernel.NO_CACHE_HINTS, kernel.ANGLE_FP32, kernel.DIVIDE,
+                 kernel.BOTH_HALVES):
+        assert any(int(a[7]) & flag for a in args), flag
+
+
 # ---- the vector width ---------------------------------------------------------------------------
 def _vw(elem=2, units=(64,), strides=(8192, 512, 128), addresses=(0x10000, 0x20000),
         table_elem=4, per_chunk=lambda v: v, table_stride=128, table_address=0x30000,
         minimum=1):
-    return _launch.vector_width(elem, tuple(units), tuple(strides), tuple(addresses), table_elem,
+    return plan.vector_width(elem, tuple(units), tuple(strides), tuple(addresses), table_elem,
                                 per_chunk, table_stride, table_address, minimum)
 
 
@@ -333,7 +478,7 @@ def test_vector_width_satisfies_every_constraint(seed):
 def _plan(monkeypatch, shape=(2, 16, 4, 128), dtype=torch.bfloat16, rotary_dim=None, k_heads=None,
           interleaved=False, computed=False, in_place=False, src_strides=None,
           tables_dtype=torch.float32, **kw):
-    monkeypatch.setattr(_launch, "sm_count", lambda index: 132)
+    monkeypatch.setattr(plan, "sm_count", lambda index: 132)
     b, s, h, d = shape
     rot = d if rotary_dim is None else rotary_dim
     ops = []
@@ -341,18 +486,18 @@ def _plan(monkeypatch, shape=(2, 16, 4, 128), dtype=torch.bfloat16, rotary_dim=N
         x = rand(b, s, heads, d, dtype=dtype)
         out = x if in_place else torch.empty_like(x)
         st = lambda t: (t.stride(0), t.stride(1), t.stride(2))
-        ops.append(_launch.Operand(x, out, heads, src_strides or st(x), st(out)))
+        ops.append(plan.Operand(x, out, heads, src_strides or st(x), st(out)))
     tables = None if computed else (rand(s, rot).to(tables_dtype), rand(s, rot).to(tables_dtype),
                                     False)
-    return PLAN(operands=ops, batch=b, seqlen=s, head_dim=d, rotary_dim=rot,
+    return CHOOSE(operands=ops, batch=b, seqlen=s, head_dim=d, rotary_dim=rot,
                 interleaved=interleaved, tables=tables, computed=computed, in_place=in_place,
                 **kw)
 
 
 def test_kernel_name_is_the_template_instantiation():
-    assert (_launch.kernel_name(torch.bfloat16, torch.float32, 8, False, True, 32, 4)
+    assert (kernel.kernel_name(torch.bfloat16, torch.float32, 8, False, True, 32, 4)
             == "study_rope<__nv_bfloat16, float, 8, false, true, int, 4, 0>")
-    assert (_launch.kernel_name(torch.float16, torch.float16, 2, True, False, 64, 1, 5)
+    assert (kernel.kernel_name(torch.float16, torch.float16, 2, True, False, 64, 1, 5)
             == "study_rope<__half, __half, 2, true, false, long long, 1, 5>")
 
 
@@ -371,7 +516,7 @@ def test_plan_covers_the_problem_within_block_limits(monkeypatch, shape, k_heads
     b, s, h, d = shape
     p = _plan(monkeypatch, shape, rotary_dim=rotary_dim, k_heads=k_heads, computed=computed)
     chunks, lanes, tokens = p.block
-    assert chunks * lanes * tokens <= _launch.THREADS_PER_BLOCK
+    assert chunks * lanes * tokens <= plan.THREADS_PER_BLOCK
     assert chunks == p.rot_chunks + p.tail_chunks
     rot = d if rotary_dim is None else rotary_dim
     # a thread per chunk of the R rotated channels, or of one half (partners loaded alongside)
@@ -382,11 +527,11 @@ def test_plan_covers_the_problem_within_block_limits(monkeypatch, shape, k_heads
     assert p.grid[2] * p.heads_per_split >= htot
     assert (p.grid[2] - 1) * p.heads_per_split < htot     # no empty head split
     if computed:
-        assert 0 < p.shared_mem <= _launch.SMEM_LIMIT
+        assert 0 < p.shared_mem <= plan.SMEM_LIMIT
         assert p.shared_mem >= 2 * rot * 4 * tokens  # cos and sin rows [R] fp32 per token
     else:
         assert p.shared_mem == 0
-    assert p.kernel == _launch.kernel_name(torch.bfloat16, torch.float32, p.vector, False,
+    assert p.kernel == kernel.kernel_name(torch.bfloat16, torch.float32, p.vector, False,
                                            computed, p.index_bits, p.unroll)
 
 
@@ -459,16 +604,16 @@ def test_plan_refuses_rows_wider_than_a_block(monkeypatch):
 
 
 # ---- the registry ------------------------------------------------------------------------------
-def test_study_specs_are_registered():
-    assert {s.name for s in registry.select(["fastrope"])} == STUDY_NAMES
-    for name in STUDY_NAMES:
+def test_fastrope_specs_are_registered():
+    assert {s.name for s in registry.select(["fastrope"])} == FASTROPE_NAMES
+    for name in FASTROPE_NAMES:
         spec = registry.get(name)
         assert spec.family == "fastrope" and spec.kind != "ablation" and spec.backend == "cupy"
 
 
 def test_ablations_run_only_when_named():
     default = registry.select()
-    assert STUDY_NAMES <= {s.name for s in default}
+    assert FASTROPE_NAMES <= {s.name for s in default}
     assert not [s.name for s in default if s.kind == "ablation" or s.family == "fastrope-ablation"]
     ablations = registry.select(["fastrope-ablation"])
     assert len(ablations) >= 5
@@ -480,14 +625,14 @@ def test_ablations_run_only_when_named():
 
 @pytest.mark.parametrize("spec", registry.select(["fastrope", "fastrope-ablation"]),
                          ids=lambda s: s.name)
-def test_study_specs_describe_their_design(spec):
+def test_fastrope_specs_describe_their_design(spec):
     for field in ("summary", "launch", "access", "math", "per_thread", "upstream"):
         value = getattr(spec, field)
         assert isinstance(value, str) and value.strip(), f"{spec.name}.{field} is empty"
 
 
-def test_study_spec_support():
-    """The study kernel takes every smoke/crossval case on a GPU (computed angles: not the
+def test_fastrope_spec_support():
+    """fastrope takes every smoke/crossval case on a GPU (computed angles: not the
     asymmetric ones), says why not on a CPU, and refuses fp64 tables."""
     cases = get_suite("smoke") + get_suite("crossval")
     for spec in registry.select(["fastrope"]):
@@ -504,8 +649,8 @@ def test_study_spec_support():
     assert registry.get("fastrope.rope_computed").table_source == "computed"
 
 
-# ---- the study suites ---------------------------------------------------------------------------
-def test_ablation_suite_has_cases_every_study_spec_runs():
+# ---- the suites ------------------------------------------------------------------------------
+def test_ablation_suite_has_cases_every_fastrope_spec_runs():
     cases = get_suite("ablation")
     assert cases and all(isinstance(c, RopeCase) for c in cases)
     for spec in registry.select(["fastrope", "fastrope-ablation"]):
@@ -515,6 +660,6 @@ def test_ablation_suite_has_cases_every_study_spec_runs():
 
 @pytest.mark.parametrize("name", ["smoke", "crossval", "decode", "partial", "positions", "varlen",
                                   "gqa", "interleaved", "qkv", "long", "ablation"])
-def test_study_suites_exist(name):
+def test_fastrope_suites_exist(name):
     cases = get_suite(name)
     assert cases and all(isinstance(c, RopeCase) for c in cases)

@@ -1,7 +1,7 @@
-"""The study kernel (ports/fastrope) on the GPU.
+"""fastrope, the package's kernel (ports/fastrope), on the GPU.
 
 * Cross-validation through the harness (``run_case``: outputs NaN-poisoned, compared with the
-  float64 oracle of what each spec consumed, inputs checked unchanged) of the three study specs
+  float64 oracle of what each spec consumed, inputs checked unchanged) of the three fastrope specs
   over the smoke, crossval, decode, partial, positions, varlen, gqa, interleaved and qkv suites
   (big cases shrunk) and a list of cases aimed at the design's edges: q/k cut from a packed qkv
   in every layout, GQA/MQA, odd sizes, partial rotary, per-row ids, uneven thd, both styles,
@@ -17,6 +17,7 @@ Every test here is marked ``gpu`` and is skipped on machines without one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import zlib
 
@@ -26,7 +27,7 @@ import torch
 from ports import _alloc, registry
 from ports.harness.runner import run_case
 from ports.harness.suites import get_suite
-from ports.fastrope import apply_rope, apply_rope_inplace
+from ports.fastrope import ablation, apply_rope, apply_rope_inplace
 from ports.fastrope.canonical import ANGLE_REL_ERR_FP64
 from reference.case import RopeCase, RopeInputs, make_inputs
 from reference.expected import expected, tolerances
@@ -37,7 +38,7 @@ pytestmark = pytest.mark.gpu
 
 DEV = torch.device("cuda")
 STYLES = ("rotate_half", "interleaved")
-STUDY = registry.select(["fastrope"])
+FASTROPE = registry.select(["fastrope"])
 CUDA = frozenset({"cuda"})
 _HEAD_AXIS = {"sbhd": 2, "bshd": 2, "bhsd": 1, "thd": 1}
 
@@ -187,11 +188,11 @@ CASES = [small(c) for name in CROSSVAL_SUITES for c in get_suite(name)] + EDGE_C
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.label}: {c.describe()}")
-def test_study_specs_cross_validate(case):
-    """fastrope.rope, fastrope.rope_computed and fastrope.rope_inplace match the oracle (computed angles
-    may decline asymmetric tables, with a reason)."""
-    report = run_case(case, STUDY, seed=_seed(case), timing_on=False, targets=CUDA, device=DEV)
-    assert {r.impl for r in report.results} == {s.name for s in STUDY}
+def test_fastrope_specs_cross_validate(case):
+    """fastrope.rope, fastrope.rope_computed and fastrope.rope_inplace match the oracle (computed
+    angles may decline asymmetric tables, with a reason)."""
+    report = run_case(case, FASTROPE, seed=_seed(case), timing_on=False, targets=CUDA, device=DEV)
+    assert {r.impl for r in report.results} == {s.name for s in FASTROPE}
     for r in report.results:
         if r.status == "unsupported" and r.impl == "fastrope.rope_computed":
             assert r.reason and case.asymmetric, (r.impl, r.reason)
@@ -542,8 +543,6 @@ def test_heads_per_step_do_not_change_the_bits(style, positions):
     """Small shapes take one head per step; 2 and 4 (the prefill plans, where given tables load
     before the first rows unless the position is read from memory) give the same bits, forward
     and backward, with full and half-width tables, out of place and in place."""
-    from ports.fastrope.api import Tuning
-
     thd = positions == "thd"
     case = RopeCase(4, 64, 3, 32, kv_heads=2, style=style, dtype="bf16",
                     positions="ids" if positions == "ids" else "arange", max_position=256,
@@ -558,18 +557,22 @@ def test_heads_per_step_do_not_change_the_bits(style, positions):
                 sin=first_members(inputs.sin, style).contiguous())
     grads = [torch.randn_like(x) for x in inputs.xs]
 
-    def run(tables, tuning=Tuning(), in_place=False):
+    def run(tables, tuning=None, in_place=False):
+        """Outputs and gradients; the public functions (the design) when ``tuning`` is None."""
         leaves = [x.detach().clone().requires_grad_(True) for x in inputs.xs]
-        fn = apply_rope_inplace if in_place else apply_rope
-        outs = _tuple(fn(*([x.clone() for x in leaves] if in_place else leaves), **kw, **tables,
-                         _tuning=tuning))
+        if tuning is None:
+            fn = apply_rope_inplace if in_place else apply_rope
+        else:
+            fn = functools.partial(
+                ablation.apply_rope_inplace if in_place else ablation.apply_rope, tuning=tuning)
+        outs = _tuple(fn(*([x.clone() for x in leaves] if in_place else leaves), **kw, **tables))
         torch.autograd.backward(outs, grads)
         return [o.detach() for o in outs] + [x.grad for x in leaves]
 
     for tables in (dict(cos=inputs.cos, sin=inputs.sin), half):
         base = run(tables)
         for unroll, in_place in itertools.product((2, 4), (False, True)):
-            got = run(tables, Tuning(unroll=unroll), in_place)
+            got = run(tables, ablation.Tuning(unroll=unroll), in_place)
             assert all(_same_bits(a, b) for a, b in zip(got, base)), (unroll, in_place)
 
 

@@ -1,27 +1,4 @@
-"""The study's own RoPE kernel: the best idea of each ported design, in one CuPy RawKernel.
-
-This family is ours, not a port (no upstream). Each idea and where it came from
-(README "The study's kernel" gives what each was worth, measured by switching it off):
-
-* 16-byte loads and stores (apex and Paddle V1 lose time to scalar and 2-element accesses;
-  LeetCUDA's ``f32x4_pack`` and OneFlow's interval packs show the win): worth up to 2x;
-* rotate-half threads own one half and load their partner, as inductor's kernel does (full-row
-  coalesced stores; BOTH_HALVES, a thread per pair of chunks, is the ablation);
-* cos/sin once per token, reused across every head of q and k (seed 002's batch-reuse Triton
-  kernel reuses them across the batch; apex re-reads them per element);
-* several heads per thread, all loads issued before any math (independent work per thread);
-* a launch shape from the problem size: decode steps split heads across blocks to cover the SMs,
-  prefill shapes give each thread more heads (Paddle V1 sizes its grid from the SM count);
-* no integer division: the grid (tokens, sequences, head splits) and block (chunks, head lanes,
-  tokens) give every index directly (OneFlow and Paddle divide per element);
-* q and k, with different head counts, in one launch (Paddle V1's q/k/v in one launch);
-* fp32 math with one rounding at the store (Kahan's FMA product sum for fp32 outputs); computed
-  angles in fp64 (``pos * inv_freq`` exactly, then ``sincos``), once per token in shared memory,
-  so long positions stay accurate (OneFlow's half-precision and apex's fp32 angles lose the
-  rotation at long positions) and no data load waits on a table;
-* 32-bit offsets when they fit, 64-bit otherwise (apex and LeetCUDA overflow int32);
-* one struct argument launched through ``cuLaunchKernel``, the validated problem and its launch
-  cached by input geometry: about 10 us of host time per call on an H100 host.
+"""fastrope, the package's own RoPE kernel: one CuPy RawKernel (rope.cu) launched once for q and k.
 
 API::
 
@@ -32,10 +9,17 @@ API::
 
 Both are autograd-aware (the backward is the same kernel rotating by -theta). ``apply_rope``
 returns new contiguous tensors (q's rotated, or ``(q, k)``); ``apply_rope_inplace`` rotates q
-(and k) in place and returns them.
+(and k) in place and returns them. ``MODULE`` is rope.cu as a ``ports._cupy.CudaModule``.
+
+The modules, in call order: api.py (the functions and their autograd), problem.py (the host
+checks), plan.py (the launch plan), launcher.py (the packed launch), kernel.py (rope.cu's
+instantiations); ablation.py runs the kernel with one idea switched off, canonical.py holds the
+registry entries. DESIGN.md describes the kernel: its ideas and where each came from, the launch
+plan, the precision choices, the ablations and what was tried and dropped.
 """
 from __future__ import annotations
 
-from ports.fastrope.api import MODULE, apply_rope, apply_rope_inplace
+from ports.fastrope.api import apply_rope, apply_rope_inplace
+from ports.fastrope.kernel import MODULE
 
 __all__ = ["MODULE", "apply_rope", "apply_rope_inplace"]

@@ -1,4 +1,4 @@
-"""Registry entries for the study's own kernel, and its ablations (one idea switched off each).
+"""Registry entries for the package's own kernel, and its ablations (one idea switched off each).
 
 * ``fastrope.rope``: given cos/sin tables (full width, any of fp32/fp16/bf16), q and k in one call.
 * ``fastrope.rope_computed``: angles computed in the kernel in fp64 from the case's ``inv_freq``.
@@ -14,11 +14,13 @@ The ablation entries (kind ``ablation``, family ``fastrope-ablation``) run only 
 """
 from __future__ import annotations
 
+import functools
+
 from ports._adapters import forward_or_backward
 from ports._spec import ALL_LAYOUTS, ALL_POSITIONS, ImplSpec
 from reference.case import RopeCase, RopeInputs
 
-UPSTREAM = "this package (ports/fastrope): the study's answer, no upstream"
+UPSTREAM = "this package (ports/fastrope): the package's own kernel, no upstream"
 DTYPES = frozenset({"fp32", "fp16", "bf16"})
 STYLES = frozenset({"rotate_half", "interleaved"})
 # Computed angles: pos * inv_freq in fp64 (exact to ~1e-16), then fp64 sincos rounded to fp32:
@@ -59,20 +61,26 @@ def _rotate(case, kw, xs, fn):
 
 
 def _preparer(computed: bool = False, in_place: bool = False, tuning=None):
+    """The registry's ``prepare``: the public functions, or with a ``tuning`` (an
+    ``ablation.Tuning``) the ablation module's."""
     def prepare(case: RopeCase, inputs: RopeInputs):
-        from ports import fastrope
-        from ports.fastrope.api import DEFAULT_TUNING
+        if tuning is None:
+            from ports.fastrope import apply_rope, apply_rope_inplace
+        else:
+            from ports.fastrope import ablation
+
+            apply_rope = functools.partial(ablation.apply_rope, tuning=tuning)
+            apply_rope_inplace = functools.partial(ablation.apply_rope_inplace, tuning=tuning)
 
         kw = _kwargs(case, inputs, computed)
-        kw["_tuning"] = tuning or DEFAULT_TUNING
         if not in_place:
             return forward_or_backward(
-                case, inputs, lambda xs: _rotate(case, kw, xs, fastrope.apply_rope))
+                case, inputs, lambda xs: _rotate(case, kw, xs, apply_rope))
         if case.direction == "backward":  # in place on a copy (autograd refuses leaves)
             return forward_or_backward(case, inputs, lambda xs: _rotate(
-                case, kw, [x.clone() for x in xs], fastrope.apply_rope_inplace))
+                case, kw, [x.clone() for x in xs], apply_rope_inplace))
         buffers = [x.clone() for x in inputs.xs]
-        return lambda: _rotate(case, kw, buffers, fastrope.apply_rope_inplace)
+        return lambda: _rotate(case, kw, buffers, apply_rope_inplace)
 
     return prepare
 
@@ -89,23 +97,23 @@ _COMMON = dict(
 
 SPECS = [
     ImplSpec(name="fastrope.rope", prepare=_preparer(), check=_table_check,
-             summary="the study's kernel: given cos/sin, q and k in one launch",
+             summary="fastrope: given cos/sin, q and k in one launch",
              math="fp32 (Kahan for fp32 out), table chunk loaded once per token, reused by heads",
              **_COMMON),
     ImplSpec(name="fastrope.rope_computed", prepare=_preparer(computed=True),
-             summary="the study's kernel: angles computed once per token in fp64",
+             summary="fastrope: angles computed once per token in fp64",
              table_source="computed", angle_rel_err=ANGLE_REL_ERR_FP64,
              math="fp64 pos*inv_freq and sincos once per token into shared memory, fp32 rotation",
              **dict(_COMMON, asymmetric_tables=False)),
     ImplSpec(name="fastrope.rope_inplace", prepare=_preparer(in_place=True), check=_table_check,
-             summary="the study's kernel in place (apply_rope_inplace)",
+             summary="fastrope in place (apply_rope_inplace)",
              math="fp32 (Kahan for fp32 out), table chunk loaded once per token, reused by heads",
              **_COMMON),
 ]
 
 
 def _ablation(name: str, summary: str, tuning_kw: dict, computed: bool = False, **spec_kw):
-    from ports.fastrope.api import Tuning
+    from ports.fastrope.ablation import Tuning
 
     base = dict(_COMMON, kind="ablation", family="fastrope-ablation",
                 math="the design with one idea switched off")
@@ -119,30 +127,30 @@ def _ablation(name: str, summary: str, tuning_kw: dict, computed: bool = False, 
 
 
 def _ablations() -> list[ImplSpec]:
-    from ports.fastrope import _launch as L
+    from ports.fastrope import kernel as K
 
     return [
         _ablation("scalar_access", "one element per access (no 16-byte vectors)",
                   dict(vector_cap=1), access="2-4 B"),
         _ablation("both_halves_per_thread", "rotate-half: a thread owns a chunk of each half",
-                  dict(flags=L.BOTH_HALVES)),
+                  dict(flags=K.BOTH_HALVES)),
         _ablation("table_per_head", "cos/sin loaded again for every head",
-                  dict(flags=L.RELOAD_TABLE)),
+                  dict(flags=K.RELOAD_TABLE)),
         _ablation("one_head_per_step", "one head per thread per step (no unrolled loads)",
                   dict(unroll=1)),
         _ablation("fixed_launch", "the prefill launch shape for every size (no head splits)",
                   dict(shape_rule="fixed")),
         _ablation("divmod_index", "indices from a flat id with div/mod per head",
-                  dict(flags=L.DIVIDE)),
+                  dict(flags=K.DIVIDE)),
         _ablation("no_cache_hints", "plain loads/stores (no evict-first streaming hints)",
-                  dict(flags=L.NO_CACHE_HINTS)),
+                  dict(flags=K.NO_CACHE_HINTS)),
         _ablation("int64_index", "64-bit offsets even when 32-bit fit", dict(index_bits=64)),
         _ablation("separate_launches", "q and k in two launches", dict(separate_launches=True)),
         _ablation("sequence_per_block_row", "sbhd, computed angles: the grid walks each "
                   "sequence in turn, not the tokens in memory order", dict(memory_order=False),
                   computed=True),
         _ablation("fp32_angles", "computed angles in fp32 (fp32 product, sincosf)",
-                  dict(flags=L.ANGLE_FP32), computed=True, angle_rel_err=ANGLE_REL_ERR_FP32_ANGLE),
+                  dict(flags=K.ANGLE_FP32), computed=True, angle_rel_err=ANGLE_REL_ERR_FP32_ANGLE),
     ]
 
 

@@ -1,34 +1,24 @@
-// The study's own RoPE kernel: one launch rotates q and k (any head counts) in any of the
-// sbhd / bshd / bhsd / thd layouts, with any strides whose last dimension is contiguous.
+// fastrope, the package's own RoPE kernel: one launch rotates q and k (any head counts) in any of
+// the sbhd / bshd / bhsd / thd layouts, with any strides whose last dimension is contiguous,
+// rotate-half or interleaved, from given cos/sin tables [L, R] or [L, R/2] or from angles
+// computed in fp64; the backward is the same kernel rotating by -theta.
 //
 // Thread map (no integer division on the hot path):
 //   grid  (ceil(S / blockDim.z), B, head_splits)   token-in-sequence blocks x sequences x head ranges
 //   block (chunks, head_lanes, tokens)              chunk threads x head lanes x tokens
-// When the sequence stride is the outer one (sbhd) and angles are computed, the grid walks the
-// (s, b) tokens in memory order instead: grid (ceil(S * B / blockDim.z), 1, head_splits),
-// b = t % B, s = t / B (one division per thread, not per element).
-// A chunk thread owns V elements (16 bytes when sizes and strides allow). Rotate-half: V elements
-// of one half, plus a load of their partners in the other half (BOTH_HALVES, used in place and
-// for rows wider than a block: V elements of each half). Interleaved: the V/2 pairs of its chunk.
-// It walks the heads of its token, UNROLL heads per step (all loads first, then math and stores),
-// reusing its cos/sin for every head of q and k. Chunks past the rotary ones copy the
-// pass-through tail [R, D) bit-exactly (out-of-place calls only).
-//
-// Positions: 0..S-1 (+ a per-sequence offset, or a scalar), or per-token ids; thd finds each
-// token's sequence by binary search over cu_seqlens. cos/sin either come from tables [L, R] or
-// [L, R/2], each thread loading its chunk once: before its first rows in unrolled steps whose
-// position needs no memory read, after them otherwise (rows clamped to [0, L): the host checks
-// the range, the clamp keeps a skipped check in bounds), or are computed once per token, before
-// any data load, into shared memory: pos * inv_freq and sincos in fp64, rounded once (fp32
-// outputs keep a hi + lo pair). Math is fp32 with one rounding at the store; fp32 outputs use
-// Kahan's FMA product sum so they stay within one rounding step.
+// sbhd with computed angles walks the (s, b) tokens in memory order instead (Params.fold).
+// A chunk thread owns V elements (16 bytes when sizes and strides allow) of one half, loading
+// their partners (rotate-half), or of each half (BOTH_HALVES), or V/2 pairs (interleaved), and
+// walks the heads of its token UNROLL heads per step, reusing its cos/sin for every head of q
+// and k. Math is fp32 with one rounding at the store. The host (plan.py) picks V, UNROLL and the
+// shape; ports/fastrope/DESIGN.md gives the design, where each idea came from and what it is worth.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
 // Resident blocks of 256 threads per SM the register budget must allow: one head per step from
 // given tables, a thread per chunk, fits 6 blocks (<= 40 registers, no spills); the unrolled
 // steps, computed angles and both-halves threads keep their registers (a cap spills there).
-// tools/study_sweep.py overrides it with -DSTUDY_MIN_BLOCKS_CAP=N.
+// tools/launch_shape_sweep.py overrides it with -DSTUDY_MIN_BLOCKS_CAP=N.
 #ifdef STUDY_MIN_BLOCKS_CAP
 #define STUDY_MIN_BLOCKS(unroll, computed, flags) STUDY_MIN_BLOCKS_CAP
 #else
@@ -382,8 +372,8 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
   if (!live) return;
   // Given tables: each rotary thread loads its cos/sin chunk once and reuses it for every head.
   // Unrolled steps whose position needs no memory read (0..S-1 plus a scalar): before the first
-  // rows, so the chunk (an L2 hit) is back before them (1-2.5% on prefill; one head per step was
-  // 2.5% slower with it). Otherwise after the first rows are in flight, since in-order issue
+  // rows, so the chunk (an L2 hit) is back before them (one head per step keeps the late load).
+  // Otherwise after the first rows are in flight, since in-order issue
   // would hold every load behind one that waits for the position; unrolled steps still issue
   // an id or offset load before the rows (a thd search stays after them).
   bool have_angles = COMPUTED;

@@ -1,16 +1,19 @@
-"""Does torch.compile's structure explain its lead on the table path? A standalone bf16 kernel in
-its shape (a flat grid, one 16-byte chunk per thread with its partner and its cos/sin loaded by
-the thread, no loop), optionally with two chunks per thread and streaming hints, timed against
-torch.compile and the study kernel (exploration, GPU only).
+"""Does torch.compile's kernel structure explain its lead over fastrope with given tables?
+(Needs a GPU.)
 
-    PYTHONPATH=. python3 tools/study_flat_probe.py
+A standalone bf16 kernel in inductor's shape (a flat grid, one 16-byte chunk per thread with its
+partner and its cos/sin loaded by the thread, no loop), optionally with two chunks per thread and
+streaming hints, checked against ``apply_rope`` and timed against torch.compile, fastrope (given
+tables and computed angles) and a copy, on four bshd shapes.
+
+    python -m tools.inductor_shape_probe
 """
 import cupy as cp
 import torch
 
 from ports.eager.canonical import _compiled_apply
-from ports.fastrope import api
-from tools.study_sweep import make, min_of_interleaved
+from ports.fastrope import apply_rope
+from tools._probe_kit import make, min_of_interleaved
 
 SRC = r'''
 #include <cuda_bf16.h>
@@ -53,12 +56,12 @@ def main():
                           ("bshd", (1, 4096, 32, 128)), ("bshd", (1, 32768, 8, 128))):
         b, s, h, d = shape
         x, cos, sin = make(layout, shape, torch.bfloat16)
-        ref = api.apply_rope(x, cos=cos, sin=sin)
+        ref = apply_rope(x, cos=cos, sin=sin)
         out = torch.empty_like(x)
         n = x.numel() // 8
         calls = {"compile": lambda: comp(x, None, cos[None], sin[None], 2),
-                 "study tab": lambda: api.apply_rope(x, cos=cos, sin=sin, check_positions=False),
-                 "study comp": lambda: api.apply_rope(x),
+                 "fastrope tab": lambda: apply_rope(x, cos=cos, sin=sin, check_positions=False),
+                 "fastrope comp": lambda: apply_rope(x),
                  "copy": lambda: out.copy_(x)}
         for name in NAMES:
             fn = mod.get_function(name)
@@ -75,9 +78,6 @@ def main():
                 calls[f"{name} t{threads}{'' if err < 0.05 else ' BAD'}"] = call
         res = min_of_interleaved(calls)
         print(shape, " | ".join(f"{k} {v:.1f}" for k, v in res.items()), flush=True)
-
-
-
 
 
 if __name__ == "__main__":

@@ -1,13 +1,18 @@
-"""Where the study kernel's decode step (b=64, h=32, d=128, bf16, one offset per sequence) spends
-its time in CUDA graphs, against minimal kernels (exploration, GPU only):
+"""Where does fastrope's decode step (b=64, s=1, h=32, d=128, bf16, one offset per sequence)
+spend its time in CUDA graphs: launch, reading the argument, the dependent row load, or its own
+set-up? (Needs a GPU.)
 
-* empty kernels with an 8-byte and a 264-byte (the study's Params) argument: launch cost;
+It times, in CUDA graphs, against minimal kernels:
+
+* empty kernels with an 8-byte and a 264-byte (the size of rope.cu's Params) argument: launch
+  cost; kernels reading one or five 64-byte lines of the argument, at once or one after another;
 * a minimal rotate-half kernel, one 16-byte chunk per thread, reading cos/sin rows gathered
   beforehand (torch.compile's inputs: x and the row load in parallel) or through the offset
-  (offset -> row, a dependent load, as the study kernel must);
-* the study kernel and torch.compile.
+  (offset -> row, a dependent load, as fastrope must);
+* fastrope (offsets tensor, int offset, and narrower accesses or one head per step through the
+  ablation module) and torch.compile.
 
-    PYTHONPATH=. python3 tools/study_decode_probe.py
+    python -m tools.decode_cost_breakdown
 """
 from __future__ import annotations
 
@@ -16,8 +21,8 @@ import torch
 
 from ports import _cupy
 from ports.eager.canonical import _compiled_apply
-from ports.fastrope import api
-from tools.study_probe import best, decode_inputs
+from ports.fastrope import ablation, apply_rope
+from tools._probe_kit import best, decode_inputs
 
 SRC = r'''
 #include <cuda_bf16.h>
@@ -84,7 +89,7 @@ def main():
     x, cos, sin, offs, rows, srows = decode_inputs()
     out = torch.empty_like(x)
     n = x.numel() // 8
-    ref = api.apply_rope(x, cos=cos, sin=sin, offsets=offs)
+    ref = apply_rope(x, cos=cos, sin=sin, offsets=offs)
     comp = _compiled_apply()
     flat_rows = rows.reshape(rows.shape[0], -1).contiguous()
     flat_srows = srows.reshape(srows.shape[0], -1).contiguous()
@@ -106,23 +111,23 @@ def main():
         "minimal, rows gathered, 256 thr": minimal(True, 256),
         "minimal, through offsets, 128 thr": minimal(False, 128),
         "minimal, through offsets, 256 thr": minimal(False, 256),
-        "fastrope.apply_rope, offsets": lambda: api.apply_rope(x, cos=cos, sin=sin, offsets=offs,
-                                                             check_positions=False),
-        "fastrope.apply_rope, int offset": lambda: api.apply_rope(x, cos=cos, sin=sin, offsets=7,
-                                                                check_positions=False),
+        "fastrope.apply_rope, offsets": lambda: apply_rope(x, cos=cos, sin=sin, offsets=offs,
+                                                         check_positions=False),
+        "fastrope.apply_rope, int offset": lambda: apply_rope(x, cos=cos, sin=sin, offsets=7,
+                                                            check_positions=False),
         "torch.compile (rows gathered)": lambda: comp(x, None, rows, srows, 2),
     }
     for cap in (4, 2):
         for unroll in (None, 1):
-            t = api.Tuning(vector_cap=cap, unroll=unroll)
+            t = ablation.Tuning(vector_cap=cap, unroll=unroll)
             calls[f"fastrope.apply_rope, offsets, V<={cap} unroll {unroll}"] = (
-                lambda t=t: api.apply_rope(x, cos=cos, sin=sin, offsets=offs,
-                                           check_positions=False, _tuning=t))
+                lambda t=t: ablation.apply_rope(x, cos=cos, sin=sin, offsets=offs,
+                                                check_positions=False, tuning=t))
     for name in ("minimal, rows gathered, 256 thr", "minimal, through offsets, 256 thr"):
         out.fill_(float("nan"))
         calls[name]()
         err = (out.float() - ref.float()).abs().max().item()
-        print(f"{name}: max |err| vs study {err:.3g}")
+        print(f"{name}: max |err| vs fastrope {err:.3g}")
     for name, fn in calls.items():
         try:
             print(f"{name:36s} graph {best(fn, graph=True):6.2f} us")

@@ -1,25 +1,29 @@
-"""Launch-shape sweep of the study kernel (exploration, GPU only).
+"""Which launch shape is fastest for fastrope on prefill shapes: register cap, heads per step
+(unroll) or head splits? (Needs a GPU.)
 
-Times ``ports/fastrope``'s kernel over register caps (``__launch_bounds__`` minimum blocks), heads
-per step (unroll) and head splits, optionally from alternative kernel sources, against
-torch.compile of the HF function and a copy of the same bytes, on a few prefill shapes. Every
-configuration's output is checked bit for bit against ``apply_rope``'s.
+Times ``ports/fastrope``'s kernel over register caps (``__launch_bounds__`` minimum blocks, set
+through rope.cu's STUDY_MIN_BLOCKS_CAP), heads per step and head splits, optionally from
+alternative kernel sources, against torch.compile of the HF function and a copy of the same
+bytes, on a few prefill shapes. Every configuration's output is checked bit for bit against
+``apply_rope``'s. ``--default-plan`` times only the shipped plan of each source; ``--configs``
+only the given (unroll, cap) pairs.
 
-    PYTHONPATH=. python3 tools/study_sweep.py [--source ports/fastrope/rope.cu variant.cu ...] [--quick]
+    python -m tools.launch_shape_sweep [--source ports/fastrope/rope.cu variant.cu ...] [--quick]
+    python -m tools.launch_shape_sweep --default-plan --source ports/fastrope/rope.cu old.cu
+    python -m tools.launch_shape_sweep --configs 1,6 2,1 --shapes bshd:1x4096x32x128:bf16
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import pathlib
 
 import torch
 
-from ports import _cupy
 from ports.eager.canonical import _compiled_apply
+from ports.fastrope import apply_rope
 from ports.harness.timing import copy_bandwidth_gbps, median_us
-from ports.fastrope import _launch, api
+from tools._probe_kit import checked_launch, launch_of, make, min_of_interleaved
 
 SHAPES = [  # layout, (b, s, h, d) in bshd order, dtype
     ("bshd", (4, 4096, 32, 128), torch.bfloat16),
@@ -30,73 +34,8 @@ SHAPES = [  # layout, (b, s, h, d) in bshd order, dtype
 ]
 
 
-def make(layout, shape, dtype):
-    b, s, h, d = shape
-    x = torch.randn((s, b, h, d) if layout == "sbhd" else (b, s, h, d), device="cuda", dtype=dtype)
-    ang = torch.arange(s, device="cuda", dtype=torch.float64)[:, None] * (
-        10000.0 ** (-torch.arange(0, d, 2, device="cuda", dtype=torch.float64) / d))
-    ang = torch.cat([ang, ang], -1)
-    return x, ang.cos().to(dtype), ang.sin().to(dtype)
-
-
-def strides(x, layout):
-    st = x.stride()
-    return (st[1], st[0], st[2]) if layout == "sbhd" else (st[0], st[1], st[2])
-
-
-def launch_of(x, out, cos, sin, layout, computed, unroll, min_blocks, splits, source,
-              memory_order=True):
-    b, s = (x.shape[1], x.shape[0]) if layout == "sbhd" else (x.shape[0], x.shape[1])
-    h, d = x.shape[2], x.shape[3]
-    op = _launch.Operand(x, out, h, strides(x, layout), strides(out, layout))
-    p = _launch.plan(operands=[op], batch=b, seqlen=s, head_dim=d, rotary_dim=d,
-                     interleaved=False, tables=None if computed else (cos, sin, False),
-                     computed=computed, in_place=False, unroll=unroll, memory_order=memory_order)
-    if splits:
-        hps = -(-h // splits)
-        lanes = min(p.block[1], hps)
-        tpb = max(1, min(_launch.MAX_TOKENS_PER_BLOCK, _launch.THREADS_PER_BLOCK // (p.block[0] * lanes), s))
-        if computed:
-            tpb = min(tpb, p.block[2])
-        p = dataclasses.replace(p, grid=(-(-s // tpb), b, -(-h // hps)), block=(p.block[0], lanes, tpb),
-                                heads_per_split=hps,
-                                shared_mem=p.shared_mem // p.block[2] * tpb)
-    lc = _launch.prepare(p, [op], seqlen=s, half=d // 2, half_table=False, table_rows=cos.shape[0],
-                         table_stride=cos.stride(0), pos_mode=0, pos_strides=(0, 0),
-                         pos_int32=False, nseq=0, backward=False)
-    opts = (f"-DSTUDY_MIN_BLOCKS_CAP={min_blocks}",)
-    fn = _cupy._load(x.get_device(), source, _launch.FILENAME, opts, (p.kernel,))[p.kernel]
-    lc = dataclasses.replace(lc, function=fn.ptr)
-    return lc, p
-
-
-def checked_launch(x, out, cos, sin, ref, layout, computed, unroll, min_blocks, splits, source,
-                   memory_order=True):
-    """One configuration, launched once on a NaN-poisoned ``out`` and checked against ``ref``
-    (bit for bit with tables; computed angles differ from the tables' rounding). Returns the
-    zero-argument launch, its plan and whether it matched."""
-    lc, p = launch_of(x, out, cos, sin, layout, computed, unroll, min_blocks, splits, source,
-                      memory_order)
-    inv = api._default_inv_freq(x.device, x.shape[-1], 10000.0) if computed else None
-    args = (x.data_ptr(), 0, out.data_ptr(), 0, cos.data_ptr(), sin.data_ptr(),
-            0 if inv is None else inv.data_ptr(), 0, 0, 0)
-    out.fill_(float("nan"))
-    _launch.launch(lc, *args)
-    ok = torch.equal(out, ref) if not computed else (out - ref).abs().max().item() < 0.1
-    return (lambda inv=inv: _launch.launch(lc, *args)), p, ok  # the call keeps inv alive
-
-
-def min_of_interleaved(calls, reps=3, timer=median_us):
-    """The minimum over ``reps`` rounds of each call's median, rounds interleaved across calls."""
-    times = {k: [] for k in calls}
-    for _ in range(reps):
-        for k, f in calls.items():
-            times[k].append(timer(f))
-    return {k: min(v) for k, v in times.items()}
-
-
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", nargs="+", default=["ports/fastrope/rope.cu"])
     ap.add_argument("--quick", action="store_true", help="fewer configurations")
     ap.add_argument("--default-plan", action="store_true",
@@ -120,13 +59,13 @@ def main():
     for layout, shape, dtype in SHAPES:
         x, cos, sin = make(layout, shape, dtype)
         io = 2 * x.numel() * x.element_size()
-        ref = api.apply_rope(x, cos=cos, sin=sin, layout=layout)
+        ref = apply_rope(x, cos=cos, sin=sin, layout=layout)
         same = torch.empty_like(x)
         t_copy = median_us(lambda: same.copy_(x))
         rows = cos[None, :, :] if layout == "bshd" else cos[:, None, :]
         srows = sin[None, :, :] if layout == "bshd" else sin[:, None, :]
         t_comp = median_us(lambda: compiled(x, None, rows, srows, 2))
-        t_api = median_us(lambda: api.apply_rope(x, cos=cos, sin=sin, layout=layout))
+        t_api = median_us(lambda: apply_rope(x, cos=cos, sin=sin, layout=layout))
         print(f"\n## {layout} {shape} {dtype}: io {io / 1e6:.0f} MB; same-size copy {t_copy:.1f} us "
               f"({io / t_copy / 1e3 / copy * 100:.1f}% of copy bw); compile {t_comp:.1f}; "
               f"apply_rope {t_api:.1f}")
@@ -168,7 +107,7 @@ def compare_configs(configs, shapes):
     for layout, shape, dtype in todo:
         x, cos, sin = make(layout, shape, dtype)
         out = torch.empty_like(x)
-        ref = api.apply_rope(x, cos=cos, sin=sin, layout=layout)
+        ref = apply_rope(x, cos=cos, sin=sin, layout=layout)
         rows = cos[None, :, :] if layout == "bshd" else cos[:, None, :]
         srows = sin[None, :, :] if layout == "bshd" else sin[:, None, :]
         calls = {"compile": lambda: comp(x, None, rows, srows, 2)}
@@ -184,7 +123,7 @@ def default_plans(sources):
     for layout, shape, dtype in SHAPES:
         x, cos, sin = make(layout, shape, dtype)
         out = torch.empty_like(x)
-        ref = api.apply_rope(x, cos=cos, sin=sin, layout=layout)
+        ref = apply_rope(x, cos=cos, sin=sin, layout=layout)
         calls = {}
         for (name, src), computed in itertools.product(sources.items(), (False, True)):
             call, _, ok = checked_launch(x, out, cos, sin, ref, layout, computed, None, 1, None,

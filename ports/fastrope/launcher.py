@@ -1,0 +1,111 @@
+"""The launch: rope.cu's ``Params`` packed on the host, one ``cuLaunchKernel`` per call.
+
+The kernel takes one struct argument. :func:`prepare` packs its per-problem part (strides, sizes,
+the plan's fields) once per input geometry into a :class:`Launch`; :func:`launch` packs the
+per-call part (pointers and the scalar position offset) with :mod:`struct` into a per-thread
+buffer and calls ``cuLaunchKernel`` on torch's current stream: one C call instead of CuPy's
+per-argument conversion, which is most of a RawKernel's host time.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import struct
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ports import _cupy
+from ports.fastrope import kernel
+from ports.fastrope.plan import Operand, Plan
+
+# Params in rope.cu: the per-call part (9 pointers, pos_add) and the per-problem part
+# (16 int64, 14 int32), 264 bytes together.
+_DYNAMIC = struct.Struct("<9Qq")
+_STATIC = struct.Struct("<16q14i")
+PARAMS_SIZE = _DYNAMIC.size + _STATIC.size
+
+# torch's current stream on a device, as a raw pointer (CuPy's helper where torch lacks the hook).
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) \
+    or _cupy._current_raw_stream
+
+
+@functools.cache
+def _driver():
+    _cupy.cupy()  # a clear error if CuPy is missing
+    from cupy_backends.cuda.api import driver
+
+    return driver
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch, ready but for its pointers: the kernel, its shape and the per-problem bytes."""
+
+    function: int
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    static: bytes
+    device: int
+    plan: Plan
+    dims: tuple[int, ...]  # grid, block and shared memory, as cuLaunchKernel takes them
+    single_device: bool    # the only visible GPU: no need to check the current device
+    launch_kernel: Callable  # CuPy's binding of cuLaunchKernel
+
+
+def prepare(p: Plan, operands: list[Operand], *, seqlen: int, half: int, half_table: bool,
+            table_rows: int, table_stride: int, pos_mode: int, pos_strides: tuple[int, int],
+            pos_int32: bool, nseq: int, backward: bool) -> Launch:
+    """Compile (once) and pack the per-problem parameters of plan ``p`` (rope.cu's Params)."""
+    q = operands[0]
+    k = operands[1] if len(operands) > 1 else None
+    zero3 = (0, 0, 0)
+    qs, qd = q.src_strides, q.dst_strides
+    ks, kd = (k.src_strides, k.dst_strides) if k is not None else (zero3, zero3)
+    static = _STATIC.pack(
+        qs[0], ks[0], qs[1], ks[1], qs[2], ks[2], qd[0], kd[0], qd[1], kd[1], qd[2], kd[2],
+        pos_strides[0], pos_strides[1], table_rows, table_stride,
+        q.heads, k.heads if k is not None else 0, seqlen, nseq, p.rot_chunks, p.tail_chunks,
+        p.heads_per_split, pos_mode, int(pos_int32), int(half_table), half, int(backward),
+        p.fold, 0)
+    device = q.src.get_device()
+    return Launch(kernel.function_ptr(device, p.kernel), p.grid, p.block, p.shared_mem, static,
+                  device, p, (*p.grid, *p.block, p.shared_mem),
+                  torch.cuda.device_count() == 1, _driver().launchKernel)
+
+
+_local = threading.local()
+
+
+def _param_buffer():
+    """A per-thread parameter block and the one-entry argument array pointing at it."""
+    buf = _local.buf = ctypes.create_string_buffer(PARAMS_SIZE)
+    _local.argv = (ctypes.c_void_p * 1)(ctypes.addressof(buf))
+    _local.argv_ptr = ctypes.addressof(_local.argv)
+    _local.static = None
+    return buf
+
+
+def launch(lc: Launch, q_in: int, k_in: int, q_out: int, k_out: int, cos: int, sin: int,
+           inv_freq: int, pos: int, cu_seqlens: int, pos_add: int) -> None:
+    """Pack the pointers (and the per-problem bytes if they changed) and launch on torch's
+    current stream. cuLaunchKernel copies the parameters, so the buffer is reused at once."""
+    try:
+        buf = _local.buf
+    except AttributeError:
+        buf = _param_buffer()
+    _DYNAMIC.pack_into(buf, 0, q_in, k_in, q_out, k_out, cos, sin, inv_freq, pos, cu_seqlens,
+                       pos_add)
+    if _local.static is not lc.static:
+        buf[_DYNAMIC.size:PARAMS_SIZE] = lc.static
+        _local.static = lc.static
+    device = lc.device
+    stream = _current_raw_stream(device)
+    if lc.single_device or torch.cuda.current_device() == device:
+        lc.launch_kernel(lc.function, *lc.dims, stream, _local.argv_ptr, 0)
+    else:  # the kernel belongs to that device's context
+        with torch.cuda.device(device):
+            lc.launch_kernel(lc.function, *lc.dims, stream, _local.argv_ptr, 0)

@@ -1,0 +1,200 @@
+"""The launch plan: vector width, heads per step, grid and block, chosen on the host per problem.
+
+Everything here is plain integer arithmetic on shapes, strides and addresses:
+
+* ``V`` (elements per chunk): the widest power of two up to 16 bytes that divides R/2
+  (rotate-half) or R (interleaved), the pass-through tail, every stride of every tensor, and
+  keeps every address (tensors and cos/sin rows) aligned to the access it makes.
+* ``unroll`` (heads per thread per step) and head splits from the work size: a decode step
+  needs many small blocks to cover the SMs, a prefill shape needs few threads with many
+  independent loads each.
+* ``IDX``: 32-bit offsets when every offset fits, else 64-bit.
+* grid (token blocks, sequences, head splits) x block (chunks, head lanes, tokens); sbhd with
+  computed angles walks the (s, b) tokens in memory order instead (``fold``).
+
+The keyword arguments of :func:`choose` after ``in_place`` force an ablation (see ablation.py);
+their defaults are the design.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from ports.fastrope import kernel
+from reference.vocabulary import INT32_MAX
+
+MAX_GRID_Y = 65535
+THREADS_PER_BLOCK = 256         # rope.cu is built with __launch_bounds__(256)
+MAX_TOKENS_PER_BLOCK = 64       # blockDim.z limit
+SMEM_LIMIT = 16 * 1024          # computed angles: shared cos/sin rows per block
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One tensor the launch rotates: its input view and where the result goes."""
+
+    src: torch.Tensor
+    dst: torch.Tensor
+    heads: int
+    src_strides: tuple[int, int, int]  # batch, sequence, head (elements)
+    dst_strides: tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One launch's kernel and shape."""
+
+    kernel: str             # the instantiation (kernel.kernel_name)
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    vector: int             # V, elements per access
+    unroll: int             # heads per thread per step
+    index_bits: int         # 32 or 64
+    rot_chunks: int         # chunk threads per row over the rotated channels
+    tail_chunks: int        # chunk threads per row over the pass-through tail
+    heads_per_split: int    # heads one block covers (grid.z splits the rest)
+    fold: int               # B when the grid walks the (s, b) tokens b-fastest (sbhd), else 0
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _max_offset(shape_strides) -> int:
+    return sum((n - 1) * s for n, s in shape_strides)
+
+
+def vector_width(elem_size: int, units: tuple[int, ...], strides: tuple[int, ...],
+                 addresses: tuple[int, ...], table_elem_size: int, table_per_chunk,
+                 table_stride: int, table_address: int, minimum: int) -> int:
+    """Widest V (a power of two, V * elem_size <= 16) that divides every unit and stride and
+    keeps every access aligned; ``table_per_chunk(V)`` is the cos/sin elements one chunk reads.
+    0 when not even ``minimum`` fits."""
+    v = 16 // elem_size
+    while v >= minimum:
+        t = table_per_chunk(v)
+        t_align = min(16, t * table_elem_size)
+        if (all(u % v == 0 for u in units) and all(s % v == 0 for s in strides)
+                and all(a % (v * elem_size) == 0 for a in addresses)
+                and (table_elem_size == 0
+                     or (table_stride % t == 0 and table_address % t_align == 0))):
+            return v
+        v //= 2
+    return 0
+
+
+def heads_per_step(work: int, resident: int, capped: bool) -> int:
+    """Heads per thread per step from the work (chunk-rows) against the resident threads: 4 from
+    8x the resident threads; from 2x, 1 for the register-capped kernel (given tables, a thread
+    per chunk: rope.cu's STUDY_MIN_BLOCKS) and 2 for the others; 1 below."""
+    if work >= 8 * resident:
+        return 4
+    if work >= 2 * resident:
+        return 1 if capped else 2
+    return 1
+
+
+def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, rotary_dim: int,
+           interleaved: bool, tables, computed: bool, in_place: bool, flags: int = 0,
+           shape_rule: str = "auto", vector_cap: int | None = None,
+           index_bits: int | None = None, unroll: int | None = None,
+           memory_order: bool = True) -> Plan:
+    """The plan for this problem (see the module doc). ``tables`` is ``(cos, sin, half_table)``
+    or ``None``. Ablations: ``flags`` (kernel.RELOAD_TABLE, ...), ``shape_rule="fixed"`` (the
+    prefill shape for every size), ``vector_cap``, ``index_bits``, ``unroll`` and
+    ``memory_order=False``."""
+    q = operands[0].src
+    elem = q.element_size()
+    half = rotary_dim // 2
+    # Computed angles: cos/sin rows [R] per token in shared memory (fp32 outputs add their low
+    # parts). In place, a rotate-half thread owns both halves: a thread that loads its partner
+    # from memory could read it after the partner's owner has overwritten it.
+    lo = computed and q.dtype == torch.float32 and not flags & kernel.ANGLE_FP32
+    angle_bytes = (4 if lo else 2) * rotary_dim * 4 if computed else 0
+    if in_place and not interleaved:
+        flags |= kernel.BOTH_HALVES
+    tail = head_dim - rotary_dim if not in_place else 0
+    units = (half,) if not interleaved else (rotary_dim,)
+    units += (tail,) if tail else ()
+    strides, addresses = [], []
+    for op in operands:
+        for t, st in ((op.src, op.src_strides), (op.dst, op.dst_strides)):
+            strides += [s for s, n in zip(st, (batch, seqlen, op.heads)) if n > 1]
+            addresses.append(t.data_ptr())
+    if tables is None:
+        t_elem, t_stride, t_addr, per_chunk = 0, 1, 0, (lambda v: 1)
+    else:
+        cos, sin, half_table = tables
+        t_elem, t_stride = cos.element_size(), cos.stride(0)
+        t_addr = cos.data_ptr() | sin.data_ptr()  # aligned to x iff both are
+        if not interleaved and not half_table:
+            t_addr |= half * t_elem  # second-half rows start R/2 elements in
+        per_chunk = (lambda v: v // 2) if interleaved and half_table else (lambda v: v)
+    minimum = 2 if interleaved else 1
+    v = vector_width(elem, units, tuple(strides), tuple(addresses), t_elem, per_chunk,
+                     t_stride, t_addr, minimum)
+    if vector_cap is not None and v:
+        v = max(minimum, min(v, vector_cap))
+    if v == 0:
+        raise ValueError(
+            "interleaved RoPE needs each pair in one aligned access: every stride must be even "
+            f"and every tensor (and cos/sin row) {2 * elem}-byte aligned; got strides "
+            f"{sorted(set(strides))}")
+    split = interleaved or not flags & kernel.BOTH_HALVES  # a thread per chunk of the R channels
+    if split and not interleaved and (rotary_dim + tail) // v > THREADS_PER_BLOCK:
+        flags |= kernel.BOTH_HALVES  # rows wider than a block: a thread takes a chunk of each half
+        split = False
+    rot_chunks = (rotary_dim if split else half) // v
+    tail_chunks = tail // v
+    chunks = rot_chunks + tail_chunks
+    htot = sum(op.heads for op in operands)
+    tokens = batch * seqlen
+    # sbhd (sequence stride outside the batch stride) with computed angles: walk the tokens in
+    # memory order, so the blocks in flight read one dense span instead of B interleaved ones.
+    # Given tables keep one sequence per grid row (DESIGN.md says why).
+    fold = batch if (memory_order and computed and batch > 1
+                     and tokens <= INT32_MAX - MAX_TOKENS_PER_BLOCK  # t stays an int
+                     and all(op.src_strides[1] > op.src_strides[0] for op in operands)) else 0
+    rows, grid_batch = (tokens, 1) if fold else (seqlen, batch)
+
+    if unroll is None:
+        if shape_rule == "fixed":     # ablation: the prefill shape for every size
+            unroll = 4
+        else:
+            work = tokens * htot * chunks  # chunk-rows: one thread's unit of work per head
+            resident = sm_count(q.get_device()) * 2048
+            unroll = heads_per_step(work, resident, capped=not computed and split)
+    if chunks > THREADS_PER_BLOCK:
+        raise ValueError(f"head_dim {head_dim} needs {chunks} threads per row, more than a block "
+                         f"of {THREADS_PER_BLOCK}")
+    lanes = max(1, min(-(-htot // unroll), THREADS_PER_BLOCK // chunks))
+    tokens_per_block = max(1, min(MAX_TOKENS_PER_BLOCK, THREADS_PER_BLOCK // (chunks * lanes),
+                                  rows))
+    if angle_bytes:
+        tokens_per_block = max(1, min(tokens_per_block, SMEM_LIMIT // angle_bytes))
+    splits = 1
+    if shape_rule != "fixed":  # split the heads until the blocks cover the SMs twice
+        blocks = -(-rows // tokens_per_block) * grid_batch
+        if blocks < 2 * sm_count(q.get_device()):
+            splits = min(htot, -(-2 * sm_count(q.get_device()) // blocks))
+    heads_per_split = -(-htot // splits)
+    splits = -(-htot // heads_per_split)
+    lanes = min(lanes, heads_per_split)
+
+    if index_bits is None:
+        extent = 0
+        for op in operands:
+            for t, st in ((op.src, op.src_strides), (op.dst, op.dst_strides)):
+                extent = max(extent, _max_offset(zip((batch, seqlen, op.heads), st)) + head_dim)
+        index_bits = 32 if extent <= INT32_MAX else 64
+    name = kernel.kernel_name(q.dtype, tables[0].dtype if tables is not None else torch.float32,
+                              v, interleaved, computed, index_bits, unroll, flags)
+    grid = (-(-rows // tokens_per_block), grid_batch, splits)
+    block = (chunks, lanes, tokens_per_block)
+    smem = angle_bytes * tokens_per_block
+    return Plan(name, grid, block, smem, v, unroll, index_bits, rot_chunks, tail_chunks,
+                heads_per_split, fold)

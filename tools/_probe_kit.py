@@ -1,0 +1,107 @@
+"""What the fastrope probes under tools/ share (GPU only): inputs, direct launches of rope.cu with
+a chosen plan and register cap, and timers.
+
+Not a tool itself; the tools import it (run them from the repository root with ``python -m``).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ports import _cupy
+from ports.fastrope import kernel, launcher, plan, problem
+from ports.harness.timing import graph_median_us, median_us
+
+__all__ = ["best", "checked_launch", "decode_inputs", "launch_of", "make", "min_of_interleaved",
+           "run_named"]
+
+
+def make(layout, shape, dtype):
+    """x in ``layout`` for ``shape`` (b, s, h, d) and full-width rotate-half tables in x's dtype
+    (angles from base 10000 in fp64)."""
+    b, s, h, d = shape
+    x = torch.randn((s, b, h, d) if layout == "sbhd" else (b, s, h, d), device="cuda", dtype=dtype)
+    ang = torch.arange(s, device="cuda", dtype=torch.float64)[:, None] * (
+        10000.0 ** (-torch.arange(0, d, 2, device="cuda", dtype=torch.float64) / d))
+    ang = torch.cat([ang, ang], -1)
+    return x, ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def decode_inputs(b=64):
+    """A decode step: x [b, 1, 32, 128] bf16, 4k-row tables, one offset per sequence, and the
+    rows torch.compile's call gets gathered beforehand."""
+    x = torch.randn(b, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    _, cos, sin = make("bshd", (1, 4096, 1, 128), torch.bfloat16)
+    offs = torch.randint(0, 4095, (b,), device="cuda")
+    return x, cos, sin, offs, cos[offs][:, None, :], sin[offs][:, None, :]
+
+
+def launch_of(x, out, cos, sin, layout, computed, unroll, min_blocks, splits, source,
+              memory_order=True):
+    """The launch of rope.cu's ``source`` text for x (sbhd or bshd, full rotary, rotate-half),
+    with ``unroll`` heads per step (None: the plan's), ``splits`` head splits (None: the plan's)
+    and ``__launch_bounds__`` minimum blocks ``min_blocks`` (rope.cu's STUDY_MIN_BLOCKS_CAP)."""
+    b, s = (x.shape[1], x.shape[0]) if layout == "sbhd" else (x.shape[0], x.shape[1])
+    h, d = x.shape[2], x.shape[3]
+    op = plan.Operand(x, out, h, problem.strides(x, layout), problem.strides(out, layout))
+    p = plan.choose(operands=[op], batch=b, seqlen=s, head_dim=d, rotary_dim=d,
+                    interleaved=False, tables=None if computed else (cos, sin, False),
+                    computed=computed, in_place=False, unroll=unroll, memory_order=memory_order)
+    if splits:
+        hps = -(-h // splits)
+        lanes = min(p.block[1], hps)
+        tpb = max(1, min(plan.MAX_TOKENS_PER_BLOCK,
+                         plan.THREADS_PER_BLOCK // (p.block[0] * lanes), s))
+        if computed:
+            tpb = min(tpb, p.block[2])
+        p = dataclasses.replace(p, grid=(-(-s // tpb), b, -(-h // hps)),
+                                block=(p.block[0], lanes, tpb), heads_per_split=hps,
+                                shared_mem=p.shared_mem // p.block[2] * tpb)
+    lc = launcher.prepare(p, [op], seqlen=s, half=d // 2, half_table=False,
+                          table_rows=cos.shape[0], table_stride=cos.stride(0), pos_mode=0,
+                          pos_strides=(0, 0), pos_int32=False, nseq=0, backward=False)
+    opts = (f"-DSTUDY_MIN_BLOCKS_CAP={min_blocks}",)
+    fn = _cupy._load(x.get_device(), source, kernel.FILENAME, opts, (p.kernel,))[p.kernel]
+    lc = dataclasses.replace(lc, function=fn.ptr)
+    return lc, p
+
+
+def checked_launch(x, out, cos, sin, ref, layout, computed, unroll, min_blocks, splits, source,
+                   memory_order=True):
+    """One configuration, launched once on a NaN-poisoned ``out`` and checked against ``ref``
+    (bit for bit with tables; computed angles differ from the tables' rounding). Returns the
+    zero-argument launch, its plan and whether it matched."""
+    lc, p = launch_of(x, out, cos, sin, layout, computed, unroll, min_blocks, splits, source,
+                      memory_order)
+    inv = problem.default_inv_freq(x.device, x.shape[-1], 10000.0) if computed else None
+    args = (x.data_ptr(), 0, out.data_ptr(), 0, cos.data_ptr(), sin.data_ptr(),
+            0 if inv is None else inv.data_ptr(), 0, 0, 0)
+    out.fill_(float("nan"))
+    launcher.launch(lc, *args)
+    ok = torch.equal(out, ref) if not computed else (out - ref).abs().max().item() < 0.1
+    return (lambda inv=inv: launcher.launch(lc, *args)), p, ok  # the call keeps inv alive
+
+
+def best(fn, reps=3, graph=False):
+    """The minimum of ``reps`` medians (CUDA-graph replays with ``graph``, else events), us."""
+    t = graph_median_us if graph else median_us
+    return min(t(fn) for _ in range(reps))
+
+
+def min_of_interleaved(calls, reps=3, timer=median_us):
+    """The minimum over ``reps`` rounds of each call's median, rounds interleaved across calls."""
+    times = {k: [] for k in calls}
+    for _ in range(reps):
+        for k, f in calls.items():
+            times[k].append(timer(f))
+    return {k: min(v) for k, v in times.items()}
+
+
+def run_named(probes: dict, names: list[str]) -> None:
+    """Run the probes named on the command line (all of them without names), in order."""
+    unknown = [n for n in names if n not in probes]
+    if unknown:
+        raise SystemExit(f"unknown probe {', '.join(unknown)}; choose from {', '.join(probes)}")
+    for name in names or probes:
+        probes[name]()
