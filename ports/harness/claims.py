@@ -17,7 +17,7 @@ from ports import registry
 from ports.harness.runner import run_case
 from reference.case import RopeCase
 
-CUDA_STAND_IN = "apex.fused_rope"  # apex's kernel is TE 1.x's fused RoPE design (issue 3)
+CUDA_STAND_IN = "apex.fused_rope"  # apex's kernel is TE 1.x's fused RoPE design
 SLACK, SLACK_MIN = 0.25, 0.05  # how far a measured gain may sit outside the claimed range
 
 
@@ -105,7 +105,7 @@ def seed002() -> list[Claim]:
 
 
 def seed004() -> list[Claim]:
-    from ports.harness import pipeline
+    from tools import seed004_pipeline as pipeline
 
     claimed = {"rbe": (4.94, "RBE Triton kernel 4.94x faster than PyTorch (0.027 -> 0.006 ms)"),
                "rmsnorm": (2.3, "RMSNorm Triton 2.3x faster than PyTorch (0.021 -> 0.009 ms)"),
