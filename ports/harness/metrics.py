@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from ports.harness.runner import Result
 
+# The numeric fields of a result that ``compare.py --summary`` can pivot.
+SUMMARY_VALUES = ("pct_copy", "pct_size_copy", "median_us", "graph_us", "gbps", "err_over_tol",
+                  "vs_compile", "graph_vs_compile")
 # A same-size copy shorter than this is mostly launch latency: the case is tiny, and an event
 # time far above the copy's is the host's (Python, checks, launch), not the kernel's.
 TINY_COPY_US = 10.0
