@@ -26,8 +26,8 @@ class AccuracyRow:
     impl: str
     dtype: str
     source: str           # where its cos/sin come from
-    table_dtype: str = "fp32"  # the cos_sin_dtype it was given ("same": x's dtype)
     bucket_errors: list   # max abs error per bucket (None: not run) or a reason string
+    table_dtype: str = "fp32"  # the cos_sin_dtype it was given ("same": x's dtype)
     per_token: torch.Tensor | None = None  # max abs error per position (for plots)
 
 

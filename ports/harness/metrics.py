@@ -35,12 +35,12 @@ def ratio(num: float | None, den: float | None) -> float | None:
 
 def is_host_bound(median_us: float | None, graph_us: float | None,
                   copy_same_us: float | None) -> bool:
-    """An event time more than twice the CUDA-graph replay of the same call, or, on a tiny case,
-    more than twice a same-size copy: the host, not the GPU, set its pace."""
+    """An event time more than twice the CUDA-graph replay of the same call (where there is one),
+    or else, on a tiny case, more than twice a same-size copy: the host set its pace."""
     if median_us is None:
         return False
-    if graph_us is not None and median_us > HOST_BOUND_FACTOR * graph_us:
-        return True
+    if graph_us is not None:
+        return median_us > HOST_BOUND_FACTOR * graph_us
     return (copy_same_us is not None and copy_same_us < TINY_COPY_US
             and median_us > HOST_BOUND_FACTOR * copy_same_us)
 

@@ -6,7 +6,7 @@ import io
 import json
 from collections.abc import Iterable, Sequence
 
-from tabulate import tabulate
+import tabulate
 
 from ports._spec import ImplSpec
 from ports.harness.metrics import SUMMARY_VALUES, gbps
@@ -14,8 +14,9 @@ from ports.harness.runner import CaseReport, Result
 
 RESULT_HEADERS = ("implementation", "check", "max abs err", "max rel err", "err/tol",
                   "median us", "GB/s", "% copy", "vs eager", "÷ compile")
-# The default (compact) table: rows that ran, without the relative error; --verbose adds both.
-COMPACT_DROP = ("max rel err",)
+# The default (compact) table: the rows that ran, without the relative error and GB/s (% copy
+# says the same); --verbose shows every row and column.
+COMPACT_DROP = ("max rel err", "GB/s")
 TIME_HEADERS = ("median us", "graph us", "GB/s", "% copy", "vs eager", "÷ compile",
                 "graph ÷ compile")
 WIDTH = 140  # the default output fits a terminal this wide
@@ -25,6 +26,15 @@ HOST_BOUND_NOTE = (f"{HOST_BOUND_MARK} host-bound event time: over twice the CUD
 # --summary-value formats; the rest take .1f
 SUMMARY_FORMATS = {"pct_copy": ".0f", "pct_size_copy": ".0f", "vs_compile": ".2f",
                    "graph_vs_compile": ".2f"}
+
+
+def _tabulate(rows, headers, tablefmt: str = "github", **kw) -> str:
+    """``tabulate`` without its two spaces of header padding, so that tables fit :data:`WIDTH`."""
+    saved, tabulate.MIN_PADDING = tabulate.MIN_PADDING, 0
+    try:
+        return tabulate.tabulate(rows, headers=headers, tablefmt=tablefmt, **kw)
+    finally:
+        tabulate.MIN_PADDING = saved
 
 
 def _num(value: float | None, fmt: str, missing: str) -> str:
@@ -54,7 +64,7 @@ def result_row(r: Result, graph: bool = False) -> list[str]:
     row += [
         _num(r.gbps, ".0f", no_time),
         _num(r.pct_copy, ".1f", no_time),
-        _num(r.speedup, ".2f", "baseline n/a" if r.median_us is not None else no_time),
+        _num(r.speedup, ".2f", ratio_missing),
         _num(r.vs_compile, ".2f", ratio_missing),
     ]
     if graph:
@@ -146,20 +156,20 @@ def case_table(report: CaseReport, graph: bool = False, verbose: bool = False,
     same = report.copy_same_us
     same_gbps = gbps(case.io_bytes(), same)
     lines = [title,
-             f"bytes moved {_bytes(case.io_bytes())} (read + write of rotated tensors)"
-             + (f"; copy bandwidth {report.copy_gbps:.0f} GB/s" if report.copy_gbps else "")
+             f"bytes moved {_bytes(case.io_bytes())} (rotated tensors, read + write)"
+             + (f"; copy {report.copy_gbps:.0f} GB/s" if report.copy_gbps else "")
              + (f"; same-size copy {same:.1f} us ({same_gbps:.0f} GB/s)" if same else "")
              + (f"; vs eager: {report.baseline}" if report.baseline else "; no eager baseline")]
     if verbose:
         rows = [result_row(r, graph) for r in report.results]
-        lines.append(tabulate(rows, headers=result_headers(graph), tablefmt=fmt,
+        lines.append(_tabulate(rows, headers=result_headers(graph), tablefmt=fmt,
                               disable_numparse=True))
         if any(r.host_bound for r in report.results):
             lines.append(HOST_BOUND_NOTE)
         return "\n".join(lines)
     headers, rows, footer = _compact(report, graph)
     if rows:
-        lines.append(tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True))
+        lines.append(_tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True))
     else:
         lines.append("no implementation supports this case")
     lines += footer
@@ -235,7 +245,7 @@ def registry_table(specs: Sequence[ImplSpec], fmt: str = "github") -> str:
             str(d["tensors_per_launch"]) if d["tensors_per_launch"] else "eager ops",
             f"int{d['index_bits']}", d["table_source"], d["upstream"],
         ])
-    return tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)
+    return _tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)
 
 
 def has_times(reports: Sequence[CaseReport]) -> bool:
@@ -297,7 +307,7 @@ def design_table(specs: Sequence[ImplSpec], pct_copy: dict[str, float] | None = 
         rows.append([s.name, s.launch or "-", s.per_thread or "-", s.access or "-",
                      s.math or s.table_source, f"int{s.index_bits}",
                      "not measured" if pct is None else f"{pct:.0f}"])
-    return tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)
+    return _tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)
 
 
 def prefill_pct_copy(rows: Sequence[dict]) -> dict[str, float]:
@@ -337,4 +347,4 @@ def summary_table(rows: Sequence[dict], value: str = "pct_copy", fmt: str = "git
             else:
                 line.append({"unsupported": "-"}.get(r["status"], r["status"]))
         body.append(line)
-    return tabulate(body, headers=["case", *impls], tablefmt=fmt, disable_numparse=True)
+    return _tabulate(body, headers=["case", *impls], tablefmt=fmt, disable_numparse=True)
