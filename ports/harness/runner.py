@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import torch
 
@@ -20,7 +21,7 @@ from reference.case import RopeCase, RopeInputs, make_inputs
 from reference.expected import expected, tolerances
 from reference.vocabulary import TOKEN_AXIS
 
-STATUSES = ("ok", "FAIL", "unsupported", "error", "OOM")
+Status = Literal["ok", "FAIL", "unsupported", "error", "OOM"]
 
 
 @dataclass
@@ -30,7 +31,7 @@ class Result:
     impl: str
     family: str
     kind: str
-    status: str                    # one of STATUSES
+    status: Status
     reason: str = ""               # why it is not ok / not timed
     max_abs_err: float | None = None
     max_rel_err: float | None = None   # max |out - ref| / max |ref| (normwise)
