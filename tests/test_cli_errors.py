@@ -61,6 +61,9 @@ def test_parsing_imports_no_torch():
     (["--suite", "seed004"], ["python tools/seed004_pipeline.py"]),
     (["--suite", "smok"], ["unknown suite 'smok'", "closest: smoke"]),
     (["--list", "--claims"], ["--list and --claims are separate modes"]),
+    (["--list", "--graph"], ["--graph does not apply to --list"]),
+    (["--accuracy", "--layout", "sbhd"], ["--layout does not apply to --accuracy"]),
+    (["--shape", "1x4x1x8", "--summary-value", "gbps"], ["--summary-value does not apply"]),
     ([], ["nothing to run"]),
 ])
 def test_bad_values_are_one_line_errors(argv, phrases):

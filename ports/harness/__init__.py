@@ -5,9 +5,13 @@
 * :mod:`~ports.harness.runner` validates and times one case against a list of specs
   (tests call :func:`~ports.harness.runner.run_case` directly);
 * :mod:`~ports.harness.metrics` derives GB/s, % of copy and the ratios, in one place;
-* :mod:`~ports.harness.report` writes tables, CSV, JSON and the bandwidth plot;
+* :mod:`~ports.harness.report` writes tables, CSV, JSON and the bandwidth plot
+  (:mod:`~ports.harness.plotstyle`: one line style per implementation in every panel);
 * :mod:`~ports.harness.suites` and :mod:`~ports.harness.seed_suites` name the case lists;
 * :mod:`~ports.harness.accuracy`, :mod:`~ports.harness.claims` and
   :mod:`~ports.harness.overhead` are the ``--accuracy``, ``--claims`` and ``--overhead`` modes;
 * :mod:`~ports.harness.timing` and :mod:`~ports.harness.env` time on and describe the machine.
+
+``ports.harness.pipeline`` is an import alias of ``tools/seed004_pipeline.py`` (seed 004's fused
+RMSNorm + matmul + RoPE experiments, which are not RoPE cases).
 """

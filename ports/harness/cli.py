@@ -40,8 +40,14 @@ SUITES = ("smoke", "crossval", "seed001", "decode", "anchors", "prefill", "qkv",
           "seed002", "seed002_full")
 MOVED_SUITES = {"seed004": "seed 004's RMSNorm + matmul + RoPE experiments are not RoPE cases: "
                            "run python tools/seed004_pipeline.py"}
-# The modes, in the order the flags are checked; "run" (--shape/--suite) is the default.
-MODES = ("list", "summary", "design", "overhead", "accuracy", "claims")
+# The modes besides "run" (--shape/--suite, the default), each with the options it reads; an
+# option no mode reads is refused rather than ignored.
+MODE_OPTIONS = {"list": ("only", "skip", "json"), "summary": ("summary_value",),
+                "design": ("only", "skip"), "overhead": (), "accuracy": ("only", "skip", "dtype",
+                                                                          "seed", "plot"),
+                "claims": ()}
+MODES = tuple(MODE_OPTIONS)
+ANY_MODE = ("no_progress",)
 
 USAGE = ("compare.py [--shape AxBxCxD | --suite NAME] [options] | --list | --summary F | "
          "--design [F] | --accuracy | --claims | --overhead")
@@ -173,6 +179,19 @@ def mode_of(args) -> str:
     return given[0] if given else "run"
 
 
+def check_options(args, parser: argparse.ArgumentParser, mode: str) -> None:
+    """Refuse an option the mode does not read (ValueError), rather than ignore it."""
+    if mode == "run":  # a run reads every option but the other modes' own
+        unread, where = {"summary_value"}, "--shape/--suite runs"
+    else:
+        unread = set(vars(args)) - {mode, *MODE_OPTIONS[mode], *ANY_MODE}
+        where = f"--{mode}"
+    given = sorted(o for o in unread if getattr(args, o) != parser.get_default(o))
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ValueError(f"{flag} does not apply to {where}; leave it out")
+
+
 def check_args(args) -> None:
     """Refuse values no case can take, with what would be right (ValueError)."""
     if args.seqlens and args.layout != "thd":
@@ -257,6 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         mode = mode_of(args)
+        check_options(args, parser, mode)
         check_args(args)
     except ValueError as exc:
         parser.error(str(exc))
