@@ -127,7 +127,7 @@ def test_accuracy_plot_has_one_legend_matching_every_panel(tmp_path, monkeypatch
     colours = {}
     for ax in fig.axes:
         for line in ax.get_lines():
-            colours.setdefault(line.get_color(), set()).add((line.get_marker()))
+            colours.setdefault(line.get_color(), set()).add(line.get_marker())
     assert len(colours) == 3 and all(len(m) == 1 for m in colours.values())
     for ax in fig.axes:  # the same implementation keeps its colour in every panel
         assert {line.get_color() for line in ax.get_lines()} == set(colours)

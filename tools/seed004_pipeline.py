@@ -237,7 +237,7 @@ def _fused_blocks(s) -> dict:
 
     if s.hidden % BLOCKS["block_size_k"] == 0:
         return {}
-    return dict(block_size_n=16, block_size_k=16)
+    return {"block_size_n": 16, "block_size_k": 16}
 
 
 def _pipe_fused(s, t):

@@ -130,8 +130,8 @@ def plot(rows: Sequence[AccuracyRow], path: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
     entries = [(impl, dict(kw, linestyle="-")) for impl, kw in style.items()]
     if any(r.table_dtype == "same" for r in drawn):
-        entries += [("cos/sin table in fp32 (or computed)", dict(color="black", linestyle="-")),
-                    ("cos/sin table in x's dtype", dict(color="black", linestyle="--"))]
+        entries += [("cos/sin table in fp32 (or computed)", {"color": "black", "linestyle": "-"}),
+                    ("cos/sin table in x's dtype", {"color": "black", "linestyle": "--"})]
     plotstyle.figure_legend(fig, entries)
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")

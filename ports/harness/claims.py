@@ -109,8 +109,8 @@ def seed004() -> list[Claim]:
 
     claimed = {"rbe": (4.94, "RBE Triton kernel 4.94x faster than PyTorch (0.027 -> 0.006 ms)"),
                "rmsnorm": (2.3, "RMSNorm Triton 2.3x faster than PyTorch (0.021 -> 0.009 ms)"),
-               "fused": (1.52, "fused RMSNorm + matmul + RoPE 1.52x faster than PyTorch "
-                                "(0.097 -> 0.064 ms)")}
+               "fused": (1.52, ("fused RMSNorm + matmul + RoPE 1.52x faster than PyTorch "
+                                 "(0.097 -> 0.064 ms)"))}
     rows = pipeline.run(None, list(claimed))
     out = []
     for exp, (gain, text) in claimed.items():

@@ -160,7 +160,8 @@ def build_parser() -> Parser:
     out.add_argument("--json", nargs="?", const="-", metavar="PATH",
                      help="write results (or, with --list, the registry) as JSON; no PATH: stdout")
     out.add_argument("--csv", nargs="?", const="-", metavar="PATH", help="write results as CSV")
-    out.add_argument("--graph", action="store_true", help="also time CUDA-graph replays (forward cases)")
+    out.add_argument("--graph", action="store_true",
+                     help="also time CUDA-graph replays (forward cases)")
     out.add_argument("--plot", metavar="PATH", help="write a plot (PNG): GB/s against tokens "
                      "(needs a GPU), or with --accuracy error against position")
     out.add_argument("--verbose", action="store_true",
@@ -230,7 +231,8 @@ def case_from_shape(dims: tuple[int, int, int, int], layout: str, seed: int = 0,
     order = "bshd" if layout == "thd" else layout
     size = dict(zip(order, dims))
     if layout == "thd":
-        fields["seqlens"] = tuple(seqlens) if seqlens else uneven_seqlens(size["b"], size["s"], seed)
+        fields["seqlens"] = (tuple(seqlens) if seqlens
+                             else uneven_seqlens(size["b"], size["s"], seed))
     return RopeCase(size["b"], size["s"], size["h"], size["d"], layout=layout, **fields)
 
 

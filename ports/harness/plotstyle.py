@@ -16,8 +16,8 @@ def styles(names: Iterable[str]) -> dict[str, dict]:
     in order of first appearance."""
     out: dict[str, dict] = {}
     for i, name in enumerate(dict.fromkeys(names)):
-        out[name] = dict(color=COLORS[i % len(COLORS)], marker=MARKERS[i % len(MARKERS)],
-                         linestyle=LINESTYLES[i // (len(COLORS) * len(MARKERS)) % len(LINESTYLES)])
+        out[name] = {"color": COLORS[i % len(COLORS)], "marker": MARKERS[i % len(MARKERS)],
+                     "linestyle": LINESTYLES[i // (len(COLORS) * len(MARKERS)) % len(LINESTYLES)]}
     return out
 
 

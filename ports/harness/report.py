@@ -269,7 +269,7 @@ def plot_bandwidth(reports: Sequence[CaseReport], path: str) -> None:
         panels.setdefault((c.layout, c.dtype, c.direction, c.style), []).append(rep)
     style = plotstyle.styles(r.impl for rep in reports for r in rep.results
                              if r.gbps is not None)
-    roofline = dict(color="black", linestyle="--", marker="")
+    roofline = {"color": "black", "linestyle": "--", "marker": ""}
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for ax, (key, reps) in zip(axes[0], panels.items()):
         lines: dict[str, list[tuple[float, float]]] = {}

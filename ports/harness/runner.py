@@ -100,8 +100,8 @@ def check_outputs(case: RopeCase, spec: ImplSpec, inputs: RopeInputs,
     tokens (so >2^31-element cases fit); NaN (an unwritten, poisoned element) always fails."""
     result = Result(spec.name, spec.family, spec.kind, "ok")
     if len(outs) != len(inputs.xs):
-        result.status, result.reason = ("FAIL", f"returned {len(outs)} tensors, "
-                                        f"expected {len(inputs.xs)}")
+        result.status = "FAIL"
+        result.reason = f"returned {len(outs)} tensors, expected {len(inputs.xs)}"
         return result
     for out, x in zip(outs, inputs.xs):
         if tuple(out.shape) != tuple(x.shape) or out.dtype != case.torch_dtype:
