@@ -121,7 +121,7 @@ def plot(rows: Sequence[AccuracyRow], path: str) -> None:
                     mids.append((a * b) ** 0.5)
                     vals.append(float(r.per_token[a:b].max()))
             kw = dict(style[r.impl], linestyle=table_line.get(r.table_dtype, "-"))
-            ax.plot(mids, vals, linewidth=1, markersize=3, **kw)
+            ax.plot(mids, vals, linewidth=1, markersize=3, markevery=6, **kw)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("token position")
