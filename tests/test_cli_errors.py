@@ -64,6 +64,7 @@ def test_parsing_imports_no_torch():
     (["--list", "--graph"], ["--graph does not apply to --list"]),
     (["--accuracy", "--layout", "sbhd"], ["--layout does not apply to --accuracy"]),
     (["--shape", "1x4x1x8", "--summary-value", "gbps"], ["--summary-value does not apply"]),
+    (["--suite", "smoke", "--rotary-dim", "16"], ["--rotary-dim does not apply to --suite"]),
     ([], ["nothing to run"]),
 ])
 def test_bad_values_are_one_line_errors(argv, phrases):

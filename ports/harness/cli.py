@@ -48,6 +48,9 @@ MODE_OPTIONS = {"list": ("only", "skip", "json"), "summary": ("summary_value",),
                 "claims": ()}
 MODES = tuple(MODE_OPTIONS)
 ANY_MODE = ("no_progress",)
+# What builds a --shape case; the suites fix their own.
+SHAPE_OPTIONS = ("layout", "dtype", "style", "rotary_dim", "positions", "cos_sin_dtype", "base",
+                 "kv_heads", "strided", "seqlens")
 
 USAGE = ("compare.py [--shape AxBxCxD | --suite NAME] [options] | --list | --summary F | "
          "--design [F] | --accuracy | --claims | --overhead")
@@ -182,7 +185,9 @@ def mode_of(args) -> str:
 
 def check_options(args, parser: argparse.ArgumentParser, mode: str) -> None:
     """Refuse an option the mode does not read (ValueError), rather than ignore it."""
-    if mode == "run":  # a run reads every option but the other modes' own
+    if mode == "run" and not args.shape:
+        unread, where = {"summary_value", *SHAPE_OPTIONS}, "--suite (it fixes its own cases)"
+    elif mode == "run":  # a --shape run reads every option but the other modes' own
         unread, where = {"summary_value"}, "--shape/--suite runs"
     else:
         unread = set(vars(args)) - {mode, *MODE_OPTIONS[mode], *ANY_MODE}
