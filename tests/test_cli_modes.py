@@ -131,3 +131,27 @@ def test_accuracy_plot_has_one_legend_matching_every_panel(tmp_path, monkeypatch
     assert len(colours) == 3 and all(len(m) == 1 for m in colours.values())
     for ax in fig.axes:  # the same implementation keeps its colour in every panel
         assert {line.get_color() for line in ax.get_lines()} == set(colours)
+
+
+@pytest.mark.parametrize("mode", ["--list", "--design"])
+def test_listings_fit_unless_verbose(capsys, mode):
+    from ports import registry
+
+    code, out, _ = run(capsys, mode)
+    assert code == 0 and max(len(line) for line in out.splitlines()) <= report.WIDTH
+    names = {s.name for s in registry.REGISTRY if s.kind != "ablation" or mode == "--list"}
+    assert names <= {cell.strip() for line in out.splitlines() for cell in line.split("|")}
+    code, out, _ = run(capsys, mode, "--verbose")
+    assert code == 0 and max(len(line) for line in out.splitlines()) > report.WIDTH
+    assert len(out.splitlines()) == 2 + len(names)  # one line per row
+    if mode == "--list":
+        assert registry.get("torch.hf_rotate_half").upstream in out
+
+
+def test_text_table_wraps_between_words_to_fit():
+    rows = [["name.one", "a b c d e f g h " * 12, "x"]]
+    text = report.text_table(rows, ["name", "words", "z"], fit=True)
+    assert max(len(line) for line in text.splitlines()) <= report.WIDTH
+    assert len(text.splitlines()) > 3 and "| name.one " in text
+    unwrapped = report.text_table(rows, ["name", "words", "z"])
+    assert len(unwrapped.splitlines()) == 3

@@ -83,7 +83,7 @@ def _one(spec, dtype, table_dtype, targets, device, head_dim, seed) -> AccuracyR
 
 
 def table(rows: Sequence[AccuracyRow], fmt: str = "github") -> str:
-    from tabulate import tabulate
+    from ports.harness.report import text_table
 
     headers = ["implementation", "dtype", "cos/sin from", *bucket_labels()]
     body = []
@@ -93,7 +93,7 @@ def table(rows: Sequence[AccuracyRow], fmt: str = "github") -> str:
         else:
             cells = [f"{e:.1e}" for e in r.bucket_errors]
         body.append([r.impl, r.dtype, r.source, *cells])
-    return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
+    return text_table(body, headers, fmt, fit=True)
 
 
 def plot(rows: Sequence[AccuracyRow], path: str) -> None:

@@ -162,8 +162,8 @@ def unmeasured(reason: str) -> list[Claim]:
 
 
 def table(claims: Sequence[Claim], gpu: str, fmt: str = "github") -> str:
-    from tabulate import tabulate
+    from ports.harness.report import text_table
 
     rows = [[c.seed, c.claim, c.measured, c.verdict] for c in claims]
-    return tabulate(rows, headers=["seed", "claim (as stated)", f"measured on {gpu}", "verdict"],
-                    tablefmt=fmt, disable_numparse=True)
+    return text_table(rows, ["seed", "claim (as stated)", f"measured on {gpu}", "verdict"], fmt,
+                      fit=True)

@@ -42,8 +42,8 @@ MOVED_SUITES = {"seed004": "seed 004's RMSNorm + matmul + RoPE experiments are n
                            "run python tools/seed004_pipeline.py"}
 # The modes besides "run" (--shape/--suite, the default), each with the options it reads; an
 # option no mode reads is refused rather than ignored.
-MODE_OPTIONS = {"list": ("only", "skip", "json"), "summary": ("summary_value",),
-                "design": ("only", "skip"), "overhead": (), "accuracy": ("only", "skip", "dtype",
+MODE_OPTIONS = {"list": ("only", "skip", "json", "verbose"), "summary": ("summary_value",),
+                "design": ("only", "skip", "verbose"), "overhead": (), "accuracy": ("only", "skip", "dtype",
                                                                           "seed", "plot"),
                 "claims": ()}
 MODES = tuple(MODE_OPTIONS)
@@ -168,7 +168,8 @@ def build_parser() -> Parser:
     out.add_argument("--plot", metavar="PATH", help="write a plot (PNG): GB/s against tokens "
                      "(needs a GPU), or with --accuracy error against position")
     out.add_argument("--verbose", action="store_true",
-                     help="a full row for every implementation, unsupported ones included")
+                     help="a full row for every implementation, unsupported ones included; "
+                          "with --list and --design, one line per row (markdown)")
     out.add_argument("--keep-going", action="store_true",
                      help="run every case even after one fails (exit status still 1)")
     out.add_argument("--no-progress", action="store_true")

@@ -83,7 +83,7 @@ def list_mode(args) -> int:
     if args.json:
         _emit(report.to_json([report.spec_dict(s) for s in specs]), args.json)
     else:
-        print(report.registry_table(specs))
+        print(report.registry_table(specs, verbose=args.verbose))
     return 0
 
 
@@ -108,7 +108,7 @@ def design_mode(args) -> int:
     pct = None
     if args.design:
         pct = report.prefill_pct_copy(load_rows(args.design, "--design", keys=("impl",)))
-    print(report.design_table(_specs(args), pct))
+    print(report.design_table(_specs(args), pct, verbose=args.verbose))
     return 0
 
 

@@ -28,11 +28,27 @@ SUMMARY_FORMATS = {"pct_copy": ".0f", "pct_size_copy": ".0f", "vs_compile": ".2f
                    "graph_vs_compile": ".2f"}
 
 
-def _tabulate(rows, headers, tablefmt: str = "github", **kw) -> str:
-    """``tabulate`` without its two spaces of header padding, so that tables fit :data:`WIDTH`."""
+def text_table(rows: Sequence[Sequence[str]], headers: Sequence[str], fmt: str = "github",
+               fit: bool = False) -> str:
+    """A table of text cells, without tabulate's two spaces of header padding; with ``fit``, the
+    widest columns wrap between words (over several lines per row) until the table fits
+    :data:`WIDTH`, or until every column is as narrow as its longest word."""
+    kw = {}
+    if fit and rows:
+        columns = list(zip(headers, *rows))
+        limits = [max(len(str(c)) for c in column) for column in columns]
+        floors = [max(len(w) for c in column for w in str(c).split() or [""])
+                  for column in columns]
+        while sum(limits) + 3 * len(limits) + 1 > WIDTH:
+            narrowable = [i for i in range(len(limits)) if limits[i] > floors[i]]
+            if not narrowable:
+                break
+            limits[max(narrowable, key=limits.__getitem__)] -= 1
+        kw = {"maxcolwidths": limits, "maxheadercolwidths": limits}
     saved, tabulate.MIN_PADDING = tabulate.MIN_PADDING, 0
     try:
-        return tabulate.tabulate(rows, headers=headers, tablefmt=tablefmt, **kw)
+        return tabulate.tabulate(rows, headers=list(headers), tablefmt=fmt,
+                                 disable_numparse=True, **kw)
     finally:
         tabulate.MIN_PADDING = saved
 
@@ -162,14 +178,13 @@ def case_table(report: CaseReport, graph: bool = False, verbose: bool = False,
              + (f"; vs eager: {report.baseline}" if report.baseline else "; no eager baseline")]
     if verbose:
         rows = [result_row(r, graph) for r in report.results]
-        lines.append(_tabulate(rows, headers=result_headers(graph), tablefmt=fmt,
-                              disable_numparse=True))
+        lines.append(text_table(rows, result_headers(graph), fmt))
         if any(r.host_bound for r in report.results):
             lines.append(HOST_BOUND_NOTE)
         return "\n".join(lines)
     headers, rows, footer = _compact(report, graph)
     if rows:
-        lines.append(_tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True))
+        lines.append(text_table(rows, headers, fmt))
     else:
         lines.append("no implementation supports this case")
     lines += footer
@@ -232,20 +247,34 @@ def spec_dict(spec: ImplSpec) -> dict:
     }
 
 
-def registry_table(specs: Sequence[ImplSpec], fmt: str = "github") -> str:
+def registry_table(specs: Sequence[ImplSpec], verbose: bool = False, fmt: str = "github") -> str:
+    """One row per spec, fit to :data:`WIDTH` ("all" for a full set; the tensors per launch,
+    index bits, cos/sin source and upstream are in --verbose, JSON and --design); ``verbose``:
+    every column, one line per row."""
+    from reference.vocabulary import LAYOUTS, POSITION_KINDS, STYLES
+
+    def words(values, every=()):
+        return "all" if set(values) == set(every) else " ".join(values)
+
     headers = ["name", "family", "backend", "styles", "layouts", "dtypes", "partial",
                "positions", "bwd", "tensors/launch", "index", "cos/sin from", "upstream"]
     rows = []
     for s in specs:
         d = spec_dict(s)
         rows.append([
-            d["name"], d["family"], d["backend"], " ".join(d["styles"]), " ".join(d["layouts"]),
-            " ".join(d["dtypes"]), "yes" if d["partial"] else "no", " ".join(d["positions"]),
+            d["name"], d["family"], d["backend"], words(d["styles"], STYLES if not verbose else ()),
+            words(d["layouts"], LAYOUTS if not verbose else ()), " ".join(d["dtypes"]),
+            "yes" if d["partial"] else "no",
+            words(d["positions"], POSITION_KINDS if not verbose else ()),
             "yes" if d["backward"] else "no",
             str(d["tensors_per_launch"]) if d["tensors_per_launch"] else "eager ops",
             f"int{d['index_bits']}", d["table_source"], d["upstream"],
         ])
-    return _tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)
+    if not verbose:
+        left_out = ("tensors/launch", "index", "cos/sin from", "upstream")
+        keep = [i for i, h in enumerate(headers) if h not in left_out]
+        headers, rows = [headers[i] for i in keep], [[row[i] for i in keep] for row in rows]
+    return text_table(rows, headers, fmt, fit=not verbose)
 
 
 def has_times(reports: Sequence[CaseReport]) -> bool:
@@ -296,9 +325,10 @@ def plot_bandwidth(reports: Sequence[CaseReport], path: str) -> None:
 
 
 def design_table(specs: Sequence[ImplSpec], pct_copy: dict[str, float] | None = None,
-                 fmt: str = "github") -> str:
+                 verbose: bool = False, fmt: str = "github") -> str:
     """Design notes per implementation, from the registry (so they cannot drift from the code),
-    with the median % of copy bandwidth over the prefill suite where results are given."""
+    with the median % of copy bandwidth over the prefill suite where results are given; wrapped
+    to fit :data:`WIDTH` unless ``verbose`` (one line per row)."""
     headers = ["implementation", "launch", "work per thread", "loads/stores", "math, cos/sin",
                "index", "prefill % copy"]
     rows = []
@@ -307,7 +337,7 @@ def design_table(specs: Sequence[ImplSpec], pct_copy: dict[str, float] | None = 
         rows.append([s.name, s.launch or "-", s.per_thread or "-", s.access or "-",
                      s.math or s.table_source, f"int{s.index_bits}",
                      "not measured" if pct is None else f"{pct:.0f}"])
-    return _tabulate(rows, headers=headers, tablefmt=fmt, disable_numparse=True)
+    return text_table(rows, headers, fmt, fit=not verbose)
 
 
 def prefill_pct_copy(rows: Sequence[dict]) -> dict[str, float]:
@@ -347,4 +377,4 @@ def summary_table(rows: Sequence[dict], value: str = "pct_copy", fmt: str = "git
             else:
                 line.append({"unsupported": "-"}.get(r["status"], r["status"]))
         body.append(line)
-    return _tabulate(body, headers=["case", *impls], tablefmt=fmt, disable_numparse=True)
+    return text_table(body, ["case", *impls], fmt)
