@@ -42,9 +42,11 @@ MOVED_SUITES = {"seed004": "seed 004's RMSNorm + matmul + RoPE experiments are n
                            "run python tools/seed004_pipeline.py"}
 # The modes besides "run" (--shape/--suite, the default), each with the options it reads; an
 # option no mode reads is refused rather than ignored.
-MODE_OPTIONS = {"list": ("only", "skip", "json", "verbose"), "summary": ("summary_value",),
-                "design": ("only", "skip", "verbose"), "overhead": (), "accuracy": ("only", "skip", "dtype",
-                                                                          "seed", "plot"),
+MODE_OPTIONS = {"list": ("only", "skip", "json", "verbose"),
+                "summary": ("summary_value",),
+                "design": ("only", "skip", "verbose"),
+                "overhead": (),
+                "accuracy": ("only", "skip", "dtype", "seed", "plot"),
                 "claims": ()}
 MODES = tuple(MODE_OPTIONS)
 ANY_MODE = ("no_progress",)

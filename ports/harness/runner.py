@@ -150,8 +150,8 @@ def run_case(case: RopeCase, specs: Sequence[ImplSpec], *, seed: int = 0,
     try:
         inputs = make_inputs(case, seed, device)
     except Exception as exc:  # e.g. OOM while drawing a huge case
-        reason = ("OOM" if _is_oom(exc) else "error") + ": could not build inputs: " + _short_error(exc)
         status = "OOM" if _is_oom(exc) else "error"
+        reason = f"{status}: could not build inputs: {_short_error(exc)}"
         results = [Result(s.name, s.family, s.kind, status, reason) for s in specs]
         return CaseReport(case, results, copy_gbps, baseline.name if baseline else None)
 
