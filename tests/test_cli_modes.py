@@ -155,3 +155,15 @@ def test_text_table_wraps_between_words_to_fit():
     assert len(text.splitlines()) > 3 and "| name.one " in text
     unwrapped = report.text_table(rows, ["name", "words", "z"])
     assert len(unwrapped.splitlines()) == 3
+
+
+def test_graph_table_with_the_longest_names_fits():
+    case = RopeCase(1, 4, 1, 8)
+    results = [timed("fastrope-ablation.sequence_per_block_row", 1234.5, 99.9),
+               timed("torch.compile(hf_rotate_half)", 1000.0, 90.0)]
+    metrics.derive(results, io_bytes=case.io_bytes(), copy_gbps=3000.0, copy_same_us=3.0,
+                   baseline="torch.compile(hf_rotate_half)",
+                   compiled="torch.compile(hf_rotate_half)")
+    text = report.case_table(CaseReport(case, results, 3000.0, None, 3.0), graph=True)
+    assert max(len(line) for line in text.splitlines()) <= report.WIDTH
+    assert "| 1234.5* " in text and "| 1.23 " in text

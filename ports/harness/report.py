@@ -184,7 +184,7 @@ def case_table(report: CaseReport, graph: bool = False, verbose: bool = False,
         return "\n".join(lines)
     headers, rows, footer = _compact(report, graph)
     if rows:
-        lines.append(text_table(rows, headers, fmt))
+        lines.append(text_table(rows, headers, fmt, fit=True))
     else:
         lines.append("no implementation supports this case")
     lines += footer
