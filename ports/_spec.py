@@ -69,6 +69,7 @@ class ImplSpec:
     angle_rel_err: float | Mapping[str, float] = 0.0
     check: Callable[[RopeCase], str | None] | None = None
     baseline: bool = False  # the eager-torch baseline for its style (speed-up column)
+    compile_reference: bool = False  # the torch.compile row that "÷ compile" ratios divide by
     # Design notes (compare.py --design): how the original is launched and computes.
     launch: str = ""        # grid x block, what one program/block covers
     per_thread: str = ""    # elements one thread handles per iteration

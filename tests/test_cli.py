@@ -37,9 +37,9 @@ def test_list_json_has_required_keys(capsys):
         assert all(key in r for r in rows)
 
 
-def test_shape_run_prints_all_rows_with_reasons(capsys):
+def test_verbose_shape_run_prints_all_rows_with_reasons(capsys):
     code, out, _ = run(capsys, "--shape", "2x8x3x16", "--layout", "bshd", "--dtype", "fp32",
-                       "bf16", "--style", "rotate_half", "interleaved")
+                       "bf16", "--style", "rotate_half", "interleaved", "--verbose")
     assert code == 0
     assert out.count("## ") == 4  # 2 dtypes x 2 styles
     for name in (s.name for s in registry.select()):  # ablations run only when named
@@ -73,7 +73,7 @@ def test_backward_only_runs_the_backward_cases():
 
 def test_backward_and_thd_and_json_output(capsys, tmp_path):
     path = tmp_path / "r.json"
-    code, out, _ = run(capsys, "--shape", "3x9x2x16", "--layout", "thd", "--backward",
+    code, _, _ = run(capsys, "--shape", "3x9x2x16", "--layout", "thd", "--backward",
                        "--json", str(path), "--only", "eager")
     assert code == 0
     rows = json.loads(path.read_text())
@@ -97,18 +97,21 @@ def test_malformed_shape_is_a_usage_error(capsys):
     assert "malformed shape '4x4096x32'" in capsys.readouterr().err
 
 
-def test_unknown_only_lists_known_names(capsys):
+def test_unknown_only_names_families_and_closest_matches(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["--shape", "1x4x1x8", "--only", "apex.nope"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "unknown implementation 'apex.nope'" in err
-    assert "torch.hf_rotate_half" in err
+    assert "families: eager, leetcuda, apex" in err and "backends: torch, cupy, triton" in err
+    assert "closest: apex.fused_rope" in err and "torch.hf_rotate_half" not in err
+    assert len(err.splitlines()) == 1 and len(err) < 400
 
 
 def test_invalid_case_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["--shape", "1x4x1x8", "--rotary-dim", "12"])
-    assert exc.value.code == 2 and "rotary_dim" in capsys.readouterr().err
+    assert exc.value.code == 2 and "--rotary-dim 12 must be <= the head dim (8" in \
+        capsys.readouterr().err
 
 
 def test_nothing_to_run(capsys):
@@ -168,7 +171,7 @@ def test_result_row_formats():
 def test_compare_py_runs_as_a_script():
     proc = subprocess.run([sys.executable, "compare.py", "--shape", "1x4x1x8", "--no-progress",
                            "--only", "torch.hf_rotate_half"], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "torch.hf_rotate_half" in proc.stdout
 
@@ -204,8 +207,9 @@ def test_accuracy_on_cpu_says_what_it_needs(capsys, monkeypatch, tmp_path):
 def test_claims_without_gpu_list_what_they_need(capsys):
     if __import__("torch").cuda.is_available():
         pytest.skip("on a GPU --claims runs the experiments (covered by the GPU suite script)")
-    code, out, _ = run(capsys, "--claims")
-    assert code == 0 and "needs an NVIDIA GPU" in out
+    code, out, err = run(capsys, "--claims")
+    assert code == cli.EXIT_NEEDS_GPU and "needs an NVIDIA GPU" in out
+    assert err.count("\n") == 1 and "--claims times kernels and needs an NVIDIA GPU" in err
     for seed in ("000", "001", "002", "004"):
         assert f"| {seed} " in out
 

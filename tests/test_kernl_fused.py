@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from ports import _alloc
-from ports.harness import env, pipeline
+from ports.harness import env
+from tools import seed004_pipeline as pipeline
 from ports.harness.seed_suites import SEED_SUITES, seed000, seed002
 from reference.vocabulary import DTYPES, KERNEL_DTYPES
 
@@ -108,7 +109,7 @@ def test_pipeline_run_validates_every_implementation_on_a_tiny_shape():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path of the CLI")
 def test_main_pipeline_without_a_gpu(capsys):
-    assert pipeline.main_pipeline([]) == 0
+    assert pipeline.main([]) == 0
     text = capsys.readouterr().out
     assert "No CUDA GPU" in text and "fused rms_matmul_rbe" in text and "FAIL" not in text
 
@@ -258,6 +259,6 @@ def test_gpu_fused_does_not_recompile_for_a_new_length_or_position():
 
 @pytest.mark.gpu
 def test_gpu_main_pipeline_prints_timed_tables(capsys):
-    assert pipeline.main_pipeline(["--experiment", "rbe"]) == 0
+    assert pipeline.main(["--experiment", "rbe"]) == 0
     text = capsys.readouterr().out
     assert "no GPU" not in text and "triton rbe_triton" in text

@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
-from ports.harness import cli, report, runner, timing
-from ports.harness.runner import COMPILE, CaseReport, Result
+from ports.harness import cli, metrics, report, runner, timing
+from ports.harness.runner import CaseReport, Result
 from reference.case import RopeCase
 
 CASE = RopeCase(1, 64, 2, 128, dtype="bf16")
+COMPILE = "torch.compile(hf_rotate_half)"
 
 
 def timed(name: str, us: float, graph_us: float | None = None) -> Result:
@@ -20,15 +21,17 @@ def timed(name: str, us: float, graph_us: float | None = None) -> Result:
 
 
 def with_ratios(results: list[Result], copy_same_us: float | None = None) -> list[Result]:
-    runner._compile_ratios(results)
-    runner._pct_size_copy(results, copy_same_us)
+    metrics.derive(results, io_bytes=CASE.io_bytes(), copy_same_us=copy_same_us,
+                   compiled=COMPILE)
     return results
 
 
-def test_compile_registry_name_exists():
+def test_the_compile_reference_is_marked_on_its_spec():
     from ports import registry
 
-    assert COMPILE in registry.NAMES
+    assert [s.name for s in registry.REGISTRY if s.compile_reference] == [COMPILE]
+    assert [s.name for s in registry.REGISTRY if s.baseline] == [
+        "torch.hf_rotate_half", "torch.llama_complex"]
 
 
 def test_vs_compile_is_this_time_over_compiles():
@@ -80,7 +83,11 @@ def test_table_headers_place_the_compile_columns():
     assert [h.strip() for h in header.strip("|").split("|")][-2:] == ["vs eager", "÷ compile"]
     header = report.case_table(rep, graph=True).splitlines()[2]
     cells = [h.strip() for h in header.strip("|").split("|")]
-    assert cells[6] == "graph us" and cells[-3:] == ["vs eager", "÷ compile", "graph ÷ compile"]
+    assert cells[4:6] == ["median us", "graph us"]
+    assert cells[-3:] == ["vs eager", "÷ compile", "graph ÷ compile"]
+    header = report.case_table(rep, graph=True, verbose=True).splitlines()[2]
+    cells = [h.strip() for h in header.strip("|").split("|")]
+    assert cells == report.result_headers(graph=True) and cells[6] == "graph us"
 
 
 def test_title_names_the_same_size_copy_only_when_measured():

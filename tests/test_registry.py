@@ -14,8 +14,26 @@ from reference.expected import TABLE_SOURCES
 def test_names_unique_and_lookup():
     assert len(set(registry.NAMES)) == len(registry.NAMES)
     assert registry.get("leetcuda.rope_f32").family == "leetcuda"
-    with pytest.raises(KeyError, match="known: torch.hf_rotate_half"):
+    with pytest.raises(KeyError, match="closest: torch.hf_rotate_half"):
+        registry.get("torch.hf_rotate_halve")
+    with pytest.raises(KeyError, match="families: eager, leetcuda.*; backends: torch, cupy"):
         registry.get("no.such.kernel")
+
+
+def test_families_and_backends_name_every_spec():
+    assert {s.family for s in registry.REGISTRY} == set(registry.FAMILIES)
+    assert {s.backend for s in registry.REGISTRY} == set(registry.BACKENDS)
+
+
+def test_select_by_backend():
+    triton = registry.select(only=["triton"])
+    assert triton and {s.backend for s in triton} == {"triton"}
+    assert {s.family for s in triton} == {"te_triton", "batch_reuse", "kernl"}
+    no_cupy = registry.select(skip=["cupy"])
+    assert no_cupy and "cupy" not in {s.backend for s in no_cupy}
+    assert all(s.kind != "ablation" for s in registry.select(only=["cupy"]))
+    with pytest.raises(KeyError, match="closest: cupy"):
+        registry.select(skip=["cuppy"])
 
 
 @pytest.mark.parametrize("spec", registry.REGISTRY, ids=lambda s: s.name)

@@ -27,6 +27,7 @@ class AccuracyRow:
     dtype: str
     source: str           # where its cos/sin come from
     bucket_errors: list   # max abs error per bucket (None: not run) or a reason string
+    table_dtype: str = "fp32"  # the cos_sin_dtype it was given ("same": x's dtype)
     per_token: torch.Tensor | None = None  # max abs error per position (for plots)
 
 
@@ -76,7 +77,7 @@ def _one(spec, dtype, table_dtype, targets, device, head_dim, seed,
     reason = spec.unsupported_reason(case, targets)
     source = _source_label(spec, case)
     if reason is not None:
-        return AccuracyRow(spec.name, dtype, source, [f"unsupported: {reason}"])
+        return AccuracyRow(spec.name, dtype, source, [f"unsupported: {reason}"], table_dtype)
     try:
         inputs = make_inputs(case, seed, device)
         with _alloc.poisoned():
@@ -84,15 +85,16 @@ def _one(spec, dtype, table_dtype, targets, device, head_dim, seed,
         (ideal,) = expected(case, inputs, "computed")
         err = (out.to(torch.float64) - ideal).abs().reshape(max_position, -1).amax(dim=1)
     except Exception as exc:  # one implementation must not stop the others
-        return AccuracyRow(spec.name, dtype, source, [f"error: {type(exc).__name__}: {exc}"[:120]])
+        return AccuracyRow(spec.name, dtype, source,
+                           [f"error: {type(exc).__name__}: {exc}"[:120]], table_dtype)
     edges = buckets(max_position)
     maxima = [float(err[a:b].max()) for a, b in zip(edges[:-1], edges[1:])]
-    return AccuracyRow(spec.name, dtype, source, maxima, err.cpu())
+    return AccuracyRow(spec.name, dtype, source, maxima, table_dtype, err.cpu())
 
 
 def table(rows: Sequence[AccuracyRow], max_position: int = MAX_POSITION, fmt: str = "github"
           ) -> str:
-    from tabulate import tabulate
+    from ports.harness.report import text_table
 
     labels = bucket_labels(max_position)
     headers = ["implementation", "dtype", "cos/sin from", *labels]
@@ -103,36 +105,46 @@ def table(rows: Sequence[AccuracyRow], max_position: int = MAX_POSITION, fmt: st
         else:
             cells = [f"{e:.1e}" for e in r.bucket_errors]
         body.append([r.impl, r.dtype, r.source, *cells])
-    return tabulate(body, headers=headers, tablefmt=fmt, disable_numparse=True)
+    return text_table(body, headers, fmt, fit=True)
 
 
 def plot(rows: Sequence[AccuracyRow], path: str) -> None:
-    """Max error against position (log-log), one panel per dtype."""
+    """Max error against position (log-log), one panel per dtype. Each implementation keeps one
+    colour and marker in every panel; the line is dashed where its cos/sin table was in x's
+    dtype. One legend for the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    dtypes = list(dict.fromkeys(r.dtype for r in rows))
+    from ports.harness import plotstyle
+
+    drawn = [r for r in rows if r.per_token is not None]
+    style = plotstyle.styles(r.impl for r in drawn)
+    table_line = {"fp32": "-", "same": "--"}
+    dtypes = list(dict.fromkeys(r.dtype for r in drawn))
     fig, axes = plt.subplots(1, len(dtypes), figsize=(6 * len(dtypes), 4.5), squeeze=False)
     edges = torch.logspace(0, 17, 69, base=2).long().unique()
     for ax, dtype in zip(axes[0], dtypes):
-        for r in rows:
-            if r.dtype != dtype or r.per_token is None:
-                continue
+        for r in (r for r in drawn if r.dtype == dtype):
             mids, vals = [], []
             for a, b in zip(edges[:-1].tolist(), edges[1:].tolist()):
                 if a < len(r.per_token):
                     mids.append((a * b) ** 0.5)
                     vals.append(float(r.per_token[a:b].max()))
-            ax.plot(mids, vals, label=f"{r.impl} [{r.source}]", linewidth=1)
+            kw = dict(style[r.impl], linestyle=table_line.get(r.table_dtype, "-"))
+            ax.plot(mids, vals, linewidth=1, markersize=3, markevery=6, **kw)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("token position")
         ax.set_ylabel("max |out - float64 ideal|")
         ax.set_title(dtype)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][-1].legend(fontsize=6, loc="upper left")
+    entries = [(impl, dict(kw, linestyle="-")) for impl, kw in style.items()]
+    if any(r.table_dtype == "same" for r in drawn):
+        entries += [("cos/sin table in fp32 (or computed)", {"color": "black", "linestyle": "-"}),
+                    ("cos/sin table in x's dtype", {"color": "black", "linestyle": "--"})]
+    plotstyle.figure_legend(fig, entries)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

@@ -17,7 +17,7 @@ from ports import registry
 from ports.harness.runner import run_case
 from reference.case import RopeCase
 
-CUDA_STAND_IN = "apex.fused_rope"  # apex's kernel is TE 1.x's fused RoPE design (issue 3)
+CUDA_STAND_IN = "apex.fused_rope"  # apex's kernel is TE 1.x's fused RoPE design
 SLACK, SLACK_MIN = 0.25, 0.05  # how far a measured gain may sit outside the claimed range
 
 
@@ -105,12 +105,12 @@ def seed002() -> list[Claim]:
 
 
 def seed004() -> list[Claim]:
-    from ports.harness import pipeline
+    from tools import seed004_pipeline as pipeline
 
     claimed = {"rbe": (4.94, "RBE Triton kernel 4.94x faster than PyTorch (0.027 -> 0.006 ms)"),
                "rmsnorm": (2.3, "RMSNorm Triton 2.3x faster than PyTorch (0.021 -> 0.009 ms)"),
-               "fused": (1.52, "fused RMSNorm + matmul + RoPE 1.52x faster than PyTorch "
-                                "(0.097 -> 0.064 ms)")}
+               "fused": (1.52, ("fused RMSNorm + matmul + RoPE 1.52x faster than PyTorch "
+                                 "(0.097 -> 0.064 ms)"))}
     rows = pipeline.run(None, list(claimed))
     out = []
     for exp, (gain, text) in claimed.items():
@@ -162,8 +162,8 @@ def unmeasured(reason: str) -> list[Claim]:
 
 
 def table(claims: Sequence[Claim], gpu: str, fmt: str = "github") -> str:
-    from tabulate import tabulate
+    from ports.harness.report import text_table
 
     rows = [[c.seed, c.claim, c.measured, c.verdict] for c in claims]
-    return tabulate(rows, headers=["seed", "claim (as stated)", f"measured on {gpu}", "verdict"],
-                    tablefmt=fmt, disable_numparse=True)
+    return text_table(rows, ["seed", "claim (as stated)", f"measured on {gpu}", "verdict"], fmt,
+                      fit=True)

@@ -3,28 +3,67 @@
 Examples::
 
     python compare.py --list
+    python compare.py --suite smoke
     python compare.py --shape 4x4096x32x128 --layout bshd --dtype bf16 fp32
-    python compare.py --suite seed001
     python compare.py --suite decode --graph --json results.json
+    python compare.py --summary results.json --summary-value vs_compile
+
+Exit status: 0 done, 1 a check failed, 2 bad input (one line on stderr says what and what would
+be right), 3 the mode needs an NVIDIA GPU this machine lacks.
+
+This module parses and checks the arguments without importing torch (``--help`` and argument
+errors come back at once); :mod:`ports.harness.modes` does the work.
 """
 from __future__ import annotations
 
 import argparse
-import os
+import difflib
+import math
 import random
 import sys
+import textwrap
 from collections.abc import Sequence
 
-from reference.case import COS_SIN_DTYPES, DTYPES, POSITION_KINDS, RopeCase
-from reference.layouts import LAYOUTS
-from reference.tables import STYLES
+from ports.harness import preflight
+from ports.harness.metrics import SUMMARY_VALUES
+from ports.registry import BACKENDS, FAMILIES
 
-CPU_NOTE = ("No CUDA GPU found: cross-validating what runs on the CPU (the eager references, and "
-            "Triton ports under TRITON_INTERPRET=1) on the given shapes. Timing and the CuPy "
-            "ports need an NVIDIA GPU.")
+# The choices, without importing torch; tests/test_cli_choices.py checks them against
+# reference.vocabulary and ports.harness.suites.
+STYLES = ("rotate_half", "interleaved")
+LAYOUTS = ("sbhd", "bshd", "bhsd", "thd")
+DTYPES = ("fp32", "fp16", "bf16", "fp64")
+COS_SIN_DTYPES = ("fp32", "fp64", "same")
+POSITION_KINDS = ("arange", "offset", "ids")
+SUITES = ("smoke", "crossval", "seed001", "decode", "anchors", "prefill", "qkv", "partial",
+          "interleaved", "positions", "varlen", "gqa", "long", "apex", "ablation", "seed000",
+          "seed002", "seed002_full")
+MOVED_SUITES = {"seed004": "seed 004's RMSNorm + matmul + RoPE experiments are not RoPE cases: "
+                           "run python tools/seed004_pipeline.py"}
+# The modes besides "run" (--shape/--suite, the default), each with the options it reads; an
+# option no mode reads is refused rather than ignored.
+MODE_OPTIONS = {"list": ("only", "skip", "json", "verbose"),
+                "summary": ("summary_value",),
+                "design": ("only", "skip", "verbose"),
+                "overhead": (),
+                "accuracy": ("only", "skip", "dtype", "seed", "plot"),
+                "claims": ()}
+MODES = tuple(MODE_OPTIONS)
+ANY_MODE = ("no_progress",)
+# What builds a --shape case; the suites fix their own.
+SHAPE_OPTIONS = ("layout", "dtype", "style", "rotary_dim", "positions", "cos_sin_dtype", "base",
+                 "kv_heads", "strided", "seqlens")
+
+USAGE = ("compare.py [--shape AxBxCxD | --suite NAME] [options] | --list | --summary F | "
+         "--design [F] | --accuracy | --claims | --overhead")
+EXIT_NEEDS_GPU = 3
 
 
-PIPELINE_SUITE = "seed004"  # not RoPE cases: kernl's fused projection (ports.harness.pipeline)
+class Parser(argparse.ArgumentParser):
+    """Errors are one line on stderr (no usage block) and exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"compare.py: error: {message} (see compare.py --help)\n")
 
 
 def parse_shape(text: str) -> tuple[int, int, int, int]:
@@ -41,6 +80,149 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
     return dims  # type: ignore[return-value]
 
 
+def suite_name(text: str) -> str:
+    if text in MOVED_SUITES:
+        raise argparse.ArgumentTypeError(MOVED_SUITES[text])
+    if text not in SUITES:
+        close = difflib.get_close_matches(text, SUITES, n=3)
+        raise argparse.ArgumentTypeError(
+            f"unknown suite {text!r}" + (f"; closest: {', '.join(close)}" if close else "")
+            + f"; suites: {', '.join(SUITES)}")
+    return text
+
+
+def _number(kind, low: float, what: str):
+    """An argparse type: ``kind`` (int or float) > ``low``, finite."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or not math.isfinite(value) or not value > low:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+    return parse
+
+
+POSITIVE_INT = _number(int, 0, "a positive integer")
+
+
+def build_parser() -> Parser:
+    epilog = textwrap.fill(
+        f"Implementations are selected by name (compare.py --list), by family "
+        f"({', '.join(FAMILIES)}) or by backend ({', '.join(BACKENDS)}).", 100) + "\n\n" + \
+        textwrap.fill("Exit status: 0 done, 1 a check failed, 2 bad input, 3 the mode needs an "
+                      "NVIDIA GPU this machine lacks.", 100)
+    p = Parser(prog="compare.py", usage=USAGE, epilog=epilog,
+               description="Cross-validate every RoPE implementation against a float64 oracle, "
+                           "then time it (on an NVIDIA GPU).",
+               formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = p.add_argument_group("what to run")
+    what.add_argument("--shape", type=parse_shape, action="append", metavar="AxBxCxD",
+                      help="shape in the layout's order, e.g. 4x4096x32x128 with --layout bshd "
+                           "(repeatable); thd takes b x s x h x d (b sequences of <= s tokens)")
+    what.add_argument("--suite", action="append", type=suite_name, metavar="NAME",
+                      help="a named set of cases (repeatable): " + ", ".join(SUITES))
+    what.add_argument("--layout", choices=LAYOUTS, default="bshd")
+    what.add_argument("--dtype", nargs="+", choices=DTYPES, default=["fp32"])
+    what.add_argument("--style", nargs="+", choices=STYLES, default=["rotate_half"],
+                      help="rotate_half (NeoX/HF: pairs i, i+R/2) or interleaved (GPT-J: 2i, 2i+1)")
+    what.add_argument("--rotary-dim", type=POSITIVE_INT, default=None, metavar="R",
+                      help="rotate the first R <= head dim channels, R even (default: all)")
+    what.add_argument("--positions", choices=POSITION_KINDS, default="arange")
+    what.add_argument("--cos-sin-dtype", choices=COS_SIN_DTYPES, default="fp32")
+    what.add_argument("--base", type=_number(float, 0, "a positive, finite RoPE base"),
+                      default=10000.0, help="the angle base theta (> 0; default 10000)")
+    what.add_argument("--kv-heads", type=POSITIVE_INT, default=None,
+                      help="also rotate a k with this many heads")
+    what.add_argument("--strided", action="store_true", help="cut x out of a packed qkv tensor")
+    what.add_argument("--seqlens", type=POSITIVE_INT, nargs="+",
+                      help="--layout thd: the b sequence lengths, each <= s")
+    what.add_argument("--backward", action="store_true", help="also run the backward direction")
+    what.add_argument("--backward-only", action="store_true",
+                      help="run the backward direction alone (of --shape and --suite cases)")
+    what.add_argument("--seed", type=int, default=0)
+    which = p.add_argument_group("which implementations")
+    which.add_argument("--only", nargs="+", metavar="NAME",
+                       help="names, families or backends to run")
+    which.add_argument("--skip", nargs="+", metavar="NAME",
+                       help="names, families or backends to leave out")
+    modes = p.add_argument_group("other modes (one at a time)")
+    modes.add_argument("--list", action="store_true", help="print the registry and exit")
+    modes.add_argument("--summary", metavar="RESULTS_JSON",
+                       help="pivot a --json results file: implementations x cases")
+    modes.add_argument("--summary-value", default="pct_copy", choices=SUMMARY_VALUES)
+    modes.add_argument("--design", nargs="?", const="", metavar="RESULTS_JSON",
+                       help="print the design-notes table; with a --json results file of the "
+                            "prefill suite, add each implementation's median %% of copy")
+    modes.add_argument("--claims", action="store_true",
+                       help="measure every quantitative claim of the seeds (needs a GPU)")
+    modes.add_argument("--accuracy", action="store_true",
+                       help="max error against the float64 ideal by position bucket (up to 128k)")
+    modes.add_argument("--overhead", action="store_true",
+                       help="benchmark the adapter's host time per call (needs a GPU)")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", nargs="?", const="-", metavar="PATH",
+                     help="write results (or, with --list, the registry) as JSON; no PATH: stdout")
+    out.add_argument("--csv", nargs="?", const="-", metavar="PATH", help="write results as CSV")
+    out.add_argument("--graph", action="store_true",
+                     help="also time CUDA-graph replays (forward cases)")
+    out.add_argument("--plot", metavar="PATH", help="write a plot (PNG): GB/s against tokens "
+                     "(needs a GPU), or with --accuracy error against position")
+    out.add_argument("--verbose", action="store_true",
+                     help="a full row for every implementation, unsupported ones included; "
+                          "with --list and --design, one line per row (markdown)")
+    out.add_argument("--keep-going", action="store_true",
+                     help="run every case even after one fails (exit status still 1)")
+    out.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def mode_of(args) -> str:
+    """The one mode the arguments ask for ("run" unless a mode flag is given)."""
+    given = [m for m in MODES if getattr(args, m) not in (None, False)]
+    if len(given) > 1:
+        raise ValueError(f"--{given[0]} and --{given[1]} are separate modes: give one")
+    return given[0] if given else "run"
+
+
+def check_options(args, parser: argparse.ArgumentParser, mode: str) -> None:
+    """Refuse an option the mode does not read (ValueError), rather than ignore it."""
+    if mode == "run" and not args.shape:
+        unread, where = {"summary_value", *SHAPE_OPTIONS}, "--suite (it fixes its own cases)"
+    elif mode == "run":  # a --shape run reads every option but the other modes' own
+        unread, where = {"summary_value"}, "--shape/--suite runs"
+    else:
+        unread = set(vars(args)) - {mode, *MODE_OPTIONS[mode], *ANY_MODE}
+        where = f"--{mode}"
+    given = sorted(o for o in unread if getattr(args, o) != parser.get_default(o))
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ValueError(f"{flag} does not apply to {where}; leave it out")
+
+
+def check_args(args) -> None:
+    """Refuse values no case can take, with what would be right (ValueError)."""
+    if args.seqlens and args.layout != "thd":
+        raise ValueError("--seqlens sets the sequence lengths of --layout thd (packed "
+                         f"sequences); --layout {args.layout} has none")
+    if args.seqlens and not args.shape:
+        raise ValueError("--seqlens needs a --shape b x s x h x d with --layout thd")
+    if args.rotary_dim is not None and args.rotary_dim % 2:
+        raise ValueError(f"--rotary-dim {args.rotary_dim} must be even (RoPE rotates pairs)")
+    for dims in args.shape or ():
+        shape, head_dim = "x".join(map(str, dims)), dims[3]
+        if head_dim % 2:
+            raise ValueError(f"--shape {shape}: head dim {head_dim} must be even (RoPE rotates "
+                             "pairs of channels)")
+        if args.rotary_dim is not None and args.rotary_dim > head_dim:
+            raise ValueError(f"--rotary-dim {args.rotary_dim} must be <= the head dim "
+                             f"({head_dim} in --shape {shape})")
+        if args.seqlens and (len(args.seqlens) != dims[0] or max(args.seqlens) > dims[1]):
+            raise ValueError(f"--seqlens takes b = {dims[0]} lengths, each <= s = {dims[1]} "
+                             f"(--shape {shape} is b x s x h x d for thd)")
+
+
 def uneven_seqlens(batch: int, max_len: int, seed: int) -> tuple[int, ...]:
     """Deterministic uneven lengths in [1, max_len], the longest exactly max_len."""
     rng = random.Random(seed)
@@ -50,78 +232,23 @@ def uneven_seqlens(batch: int, max_len: int, seed: int) -> tuple[int, ...]:
 
 
 def case_from_shape(dims: tuple[int, int, int, int], layout: str, seed: int = 0,
-                    seqlens: Sequence[int] | None = None, **fields) -> RopeCase:
+                    seqlens: Sequence[int] | None = None, **fields):
     """A case from a shape in ``layout``'s order (thd takes b x s x h x d: b sequences <= s)."""
+    from reference.case import RopeCase
+
     order = "bshd" if layout == "thd" else layout
     size = dict(zip(order, dims))
     if layout == "thd":
-        fields["seqlens"] = tuple(seqlens) if seqlens else uneven_seqlens(size["b"], size["s"], seed)
+        fields["seqlens"] = (tuple(seqlens) if seqlens
+                             else uneven_seqlens(size["b"], size["s"], seed))
     return RopeCase(size["b"], size["s"], size["h"], size["d"], layout=layout, **fields)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from ports.harness.suites import SUITES
-
-    p = argparse.ArgumentParser(
-        prog="compare.py", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    what = p.add_argument_group("what to run")
-    what.add_argument("--shape", type=parse_shape, action="append", metavar="AxBxCxD",
-                      help="shape in the layout's order, e.g. 4x4096x32x128 with --layout bshd "
-                           "(repeatable); thd takes b x s x h x d (b sequences of <= s tokens)")
-    what.add_argument("--suite", action="append", choices=sorted([*SUITES, PIPELINE_SUITE]),
-                      help="a named set of cases (repeatable): " + ", ".join(SUITES)
-                      + f"; {PIPELINE_SUITE} runs seed 004's RMSNorm/matmul/RoPE experiments")
-    what.add_argument("--layout", choices=LAYOUTS, default="bshd")
-    what.add_argument("--dtype", nargs="+", choices=list(DTYPES), default=["fp32"])
-    what.add_argument("--style", nargs="+", choices=STYLES, default=["rotate_half"],
-                      help="rotate_half (NeoX/HF: pairs i, i+R/2) or interleaved (GPT-J: 2i, 2i+1)")
-    what.add_argument("--rotary-dim", type=int, default=None, help="R <= head_dim (default: all)")
-    what.add_argument("--positions", choices=POSITION_KINDS, default="arange")
-    what.add_argument("--cos-sin-dtype", choices=COS_SIN_DTYPES, default="fp32")
-    what.add_argument("--base", type=float, default=10000.0)
-    what.add_argument("--kv-heads", type=int, default=None, help="also rotate a k with this many heads")
-    what.add_argument("--strided", action="store_true", help="cut x out of a packed qkv tensor")
-    what.add_argument("--seqlens", type=int, nargs="+", help="thd: the sequence lengths")
-    what.add_argument("--backward", action="store_true", help="also run the backward direction")
-    what.add_argument("--backward-only", action="store_true",
-                      help="run the backward direction alone (of --shape and --suite cases)")
-    what.add_argument("--seed", type=int, default=0)
-    which = p.add_argument_group("which implementations")
-    which.add_argument("--only", nargs="+", metavar="NAME", help="names or families to run")
-    which.add_argument("--skip", nargs="+", metavar="NAME", help="names or families to leave out")
-    which.add_argument("--list", action="store_true", help="print the registry and exit")
-    which.add_argument("--summary", metavar="RESULTS_JSON",
-                       help="pivot a --json results file: implementations x cases")
-    which.add_argument("--summary-value", default="pct_copy",
-                       choices=["pct_copy", "pct_size_copy", "median_us", "graph_us", "gbps",
-                                "err_over_tol", "vs_compile", "graph_vs_compile"])
-    which.add_argument("--design", nargs="?", const="", metavar="RESULTS_JSON",
-                       help="print the design-notes table; with a --json results file of the "
-                            "prefill suite, add each implementation's median %% of copy")
-    out = p.add_argument_group("output")
-    out.add_argument("--json", nargs="?", const="-", metavar="PATH",
-                     help="write results (or, with --list, the registry) as JSON; no PATH: stdout")
-    out.add_argument("--csv", nargs="?", const="-", metavar="PATH", help="write results as CSV")
-    out.add_argument("--graph", action="store_true", help="also time CUDA-graph replays (forward cases)")
-    out.add_argument("--plot", metavar="PATH", help="write a plot (PNG): GB/s against tokens, or "
-                     "with --accuracy error against position")
-    out.add_argument("--claims", action="store_true",
-                     help="measure every quantitative claim of the seeds (needs a GPU)")
-    out.add_argument("--accuracy", action="store_true",
-                     help="max error against the float64 ideal by position bucket (up to 128k)")
-    out.add_argument("--keep-going", action="store_true",
-                     help="run every case even after one fails (exit status still 1)")
-    out.add_argument("--no-progress", action="store_true")
-    out.add_argument("--overhead", action="store_true",
-                     help="benchmark the adapter's host time per call and exit")
-    return p
-
-
-def cases_from_args(args) -> list[RopeCase]:
+def cases_from_args(args) -> list:
+    """The ``RopeCase`` list of ``--suite`` and ``--shape`` (times dtypes, styles, directions)."""
     from ports.harness.suites import get_suite
 
-    cases: list[RopeCase] = []
+    cases = []
     for name in args.suite or ():
         cases += get_suite(name)
     directions = (["backward"] if args.backward_only
@@ -146,160 +273,25 @@ def cases_from_args(args) -> list[RopeCase]:
     return cases
 
 
-def _emit(text: str, path: str) -> None:
-    if path == "-":
-        print(text)
-    else:
-        with open(path, "w") as f:
-            f.write(text)
-        print(f"wrote {path}", file=sys.stderr)
-
-
-def _accuracy(args, specs, env) -> int:
-    from ports.harness import accuracy
-
-    from ports.harness import preflight
-
-    targets = env.targets()
-    max_position = accuracy.MAX_POSITION
-    if not env.has_gpu():
-        # The Triton interpreter would take hours over 128k positions: references only, and
-        # positions up to CPU_MAX_POSITION.
-        targets = frozenset({"cpu"})
-        max_position = preflight.CPU_MAX_POSITION
-        print("No CUDA GPU found: measuring accuracy of what runs on the CPU (the eager "
-              f"references) at positions up to {max_position:,} (128k on a GPU). The CuPy and "
-              "Triton ports need an NVIDIA GPU.\n")
-    dtypes = args.dtype if args.dtype != ["fp32"] else ["fp32", "bf16", "fp16"]
-    rows = accuracy.measure(specs, dtypes=dtypes, targets=targets, device=env.device(),
-                            seed=args.seed, max_position=max_position)
-    print("## max |out - float64 ideal| by position (b=1, h=1, d=128, positions "
-          f"0..{max_position - 1})")
-    print(accuracy.table(rows, max_position))
-    if args.plot:
-        accuracy.plot(rows, args.plot)
-        print(f"wrote {args.plot}", file=sys.stderr)
-    return 0
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from ports.harness import preflight
-
-    problem = preflight.plot_problem(args.plot)
-    if problem:
-        parser.exit(2, f"compare.py: {problem}\n")
-
-    import torch
-
-    if not torch.cuda.is_available():
-        # Triton reads this when a kernel is defined: set it before the ports are imported.
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-    from ports import registry
-    from ports.harness import env, report
-
     try:
-        specs = registry.select(args.only, args.skip)
-    except KeyError as exc:
-        parser.error(str(exc.args[0]))
-
-    if args.list:
-        if not args.only and not args.skip:  # the listing names ablations (run only when named)
-            specs += [s for s in registry.REGISTRY if s.kind == "ablation"]
-        if args.json:
-            _emit(report.to_json([report.spec_dict(s) for s in specs]), args.json)
-        else:
-            print(report.registry_table(specs))
-        return 0
-    if args.summary:
-        import json
-
-        with open(args.summary) as f:
-            print(report.summary_table(json.load(f), args.summary_value))
-        return 0
-    if args.design is not None:
-        pct = None
-        if args.design:
-            import json
-
-            with open(args.design) as f:
-                pct = report.prefill_pct_copy(json.load(f))
-        print(report.design_table(specs, pct))
-        return 0
-    if args.overhead:
-        from ports.harness.overhead import main as overhead_main
-
-        return overhead_main()
-
-    if args.accuracy:
-        return _accuracy(args, specs, env)
-    if args.claims:
-        from ports.harness import claims
-
-        if not env.has_gpu():
-            rows = claims.unmeasured("needs an NVIDIA GPU: the claims are timings")
-            print("No CUDA GPU found: --claims times kernels and needs an NVIDIA GPU. "
-                  "The claims it would measure:\n")
-        else:
-            rows = claims.measure()
-        print(claims.table(rows, env.metadata()["gpu"]))
-        return 0
-
-    pipeline_status = None
-    if args.suite and PIPELINE_SUITE in args.suite:
-        from ports.harness.pipeline import main_pipeline
-
-        args.suite = [s for s in args.suite if s != PIPELINE_SUITE]
-        pipeline_status = main_pipeline(["--seed", str(args.seed)])
-        if not args.suite and not args.shape:
-            return pipeline_status
-    try:
-        cases = cases_from_args(args)
+        mode = mode_of(args)
+        check_options(args, parser, mode)
+        check_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    if not cases:
-        parser.error("nothing to run: give --shape or --suite (or --list)")
-    if not env.has_gpu():
-        too_big = preflight.over_cpu_cap(cases)
-        if len(too_big) == len(cases):
-            parser.exit(2, f"compare.py: {preflight.cpu_refusal(too_big)}\n")
-        if too_big:
-            print(preflight.cpu_skip_note(too_big), file=sys.stderr)
-            cases = [c for c in cases if c not in too_big]
+    problem = preflight.plot_problem(args.plot)  # before any work, not after the whole run
+    if problem:
+        parser.error(problem)
 
-    from tqdm import tqdm
+    from ports.harness import modes
 
-    from ports.harness.runner import run_case
-
-    quiet = args.json == "-" or args.csv == "-"
-    if not env.has_gpu() and not quiet:
-        print(CPU_NOTE + "\n")
-    reports = []
-    failed = False
-    bar = tqdm(total=len(cases) * len(specs), disable=True if args.no_progress else None,
-               unit="run", file=sys.stderr, leave=False)
     try:
-        for case in cases:
-            rep = run_case(case, specs, seed=args.seed, graph=args.graph, progress=bar)
-            reports.append(rep)
-            if not quiet:
-                tqdm.write(report.case_table(rep, graph=args.graph) + "\n", file=sys.stdout)
-            if rep.failed:
-                failed = True
-                if not args.keep_going:
-                    tqdm.write("stopping after a failed case (use --keep-going to run the rest)",
-                               file=sys.stderr)
-                    break
-    finally:
-        bar.close()
-    if args.plot:
-        report.plot_bandwidth(reports, args.plot)
-        print(f"wrote {args.plot}", file=sys.stderr)
-    if args.json or args.csv:
-        rows = report.flat_rows(reports, env.metadata())
-        if args.json:
-            _emit(report.to_json(rows), args.json)
-        if args.csv:
-            _emit(report.to_csv(rows), args.csv)
-    return 1 if failed or pipeline_status else 0
+        return modes.MODES[mode](args)
+    except modes.UsageError as exc:
+        parser.error(str(exc))
+    except modes.NeedsGPU as exc:
+        print(f"compare.py: {exc}", file=sys.stderr)
+        return EXIT_NEEDS_GPU

@@ -1,5 +1,5 @@
-"""Benchmark (not a test): the adapter's host time per call on a tiny input, next to a bare CuPy
-RawKernel launch of the same kernel (ANCHORS.md measured 8.4 us for a bare launch).
+"""``compare.py --overhead`` (a benchmark, not a test): the adapter's host time per call on a tiny
+input, next to a bare CuPy RawKernel launch of the same kernel. Needs an NVIDIA GPU.
 
 Host time per call = wall time of N back-to-back calls / N, with the GPU work tiny enough that
 the host, not the GPU, sets the pace (checked: the GPU time per call is printed too).
@@ -65,14 +65,11 @@ def measure() -> dict[str, float]:
     return results
 
 
-def main() -> int:
-    if not torch.cuda.is_available():
-        print("the host-overhead benchmark needs an NVIDIA GPU")
-        return 1
+def table() -> str:
+    """The measured host times as a titled table."""
     from tabulate import tabulate
 
     rows = [[k, f"{v:.1f}"] for k, v in measure().items()]
-    print(f"## host time per call, tiny input (x[4, 64] fp32), {torch.cuda.get_device_name()}")
-    print(tabulate(rows, headers=["what", "us per call"], tablefmt="github",
-                   disable_numparse=True))
-    return 0
+    return (f"## host time per call, tiny input (x[4, 64] fp32), {torch.cuda.get_device_name()}\n"
+            + tabulate(rows, headers=["what", "us per call"], tablefmt="github",
+                       disable_numparse=True))

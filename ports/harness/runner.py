@@ -8,20 +8,20 @@ raises never stops the others: its cells carry the error.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 import torch
 
 from ports import _alloc, registry
 from ports._spec import ImplSpec
-from ports.harness import env, timing
+from ports.harness import env, metrics, timing
 from reference.case import RopeCase, RopeInputs, make_inputs
 from reference.expected import expected, tolerances
+from reference.vocabulary import TOKEN_AXIS
 
-STATUSES = ("ok", "FAIL", "unsupported", "error", "OOM")
-COMPILE = "torch.compile(hf_rotate_half)"  # the row that vs_compile divides by
+Status = Literal["ok", "FAIL", "unsupported", "error", "OOM"]
 
 
 @dataclass
@@ -31,7 +31,7 @@ class Result:
     impl: str
     family: str
     kind: str
-    status: str                    # one of STATUSES
+    status: Status
     reason: str = ""               # why it is not ok / not timed
     max_abs_err: float | None = None
     max_rel_err: float | None = None   # max |out - ref| / max |ref| (normwise)
@@ -45,6 +45,7 @@ class Result:
     vs_compile: float | None = None    # this time / torch.compile's (< 1: faster)
     graph_vs_compile: float | None = None  # the same from graph_us
     timing_note: str = ""              # why there is no time, when status is ok
+    host_bound: bool = False           # the event time is the host's (metrics.is_host_bound)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -73,12 +74,11 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 CHUNK_ELEMENTS = 1 << 25  # validate in token chunks: float64 temporaries stay ~256 MB each
-_TOKEN_AXIS = {"sbhd": 0, "bshd": 1, "bhsd": 2, "thd": 0}
 
 
 def token_chunks(case: RopeCase, inputs: RopeInputs, max_elements: int = CHUNK_ELEMENTS):
     """``(start, stop)`` ranges along the token axis, each covering <= max_elements per tensor."""
-    n = inputs.x.shape[_TOKEN_AXIS[case.layout]]
+    n = inputs.x.shape[TOKEN_AXIS[case.layout]]
     per_token = max(max(x.numel() for x in inputs.xs) // max(n, 1), 1)
     step = max(1, max_elements // per_token)
     return [(i, min(n, i + step)) for i in range(0, n, step)] or [(0, 0)]
@@ -86,7 +86,7 @@ def token_chunks(case: RopeCase, inputs: RopeInputs, max_elements: int = CHUNK_E
 
 def slice_tokens(case: RopeCase, inputs: RopeInputs, start: int, stop: int) -> RopeInputs:
     """The inputs restricted to tokens ``start:stop`` (views; positions sliced to match)."""
-    axis, length = _TOKEN_AXIS[case.layout], stop - start
+    axis, length = TOKEN_AXIS[case.layout], stop - start
     positions = (inputs.positions[start:stop] if case.layout == "thd"
                  else inputs.positions[:, start:stop])
     cut = (lambda ts: None if ts is None else tuple(t.narrow(axis, start, length) for t in ts))
@@ -100,8 +100,8 @@ def check_outputs(case: RopeCase, spec: ImplSpec, inputs: RopeInputs,
     tokens (so >2^31-element cases fit); NaN (an unwritten, poisoned element) always fails."""
     result = Result(spec.name, spec.family, spec.kind, "ok")
     if len(outs) != len(inputs.xs):
-        result.status, result.reason = ("FAIL", f"returned {len(outs)} tensors, "
-                                        f"expected {len(inputs.xs)}")
+        result.status = "FAIL"
+        result.reason = f"returned {len(outs)} tensors, expected {len(inputs.xs)}"
         return result
     for out, x in zip(outs, inputs.xs):
         if tuple(out.shape) != tuple(x.shape) or out.dtype != case.torch_dtype:
@@ -110,7 +110,7 @@ def check_outputs(case: RopeCase, spec: ImplSpec, inputs: RopeInputs,
                              f"{case.torch_dtype} {tuple(x.shape)}")
             return result
     max_abs = max_rel = ratio = 0.0
-    axis = _TOKEN_AXIS[case.layout]
+    axis = TOKEN_AXIS[case.layout]
     for start, stop in token_chunks(case, inputs):
         sub = slice_tokens(case, inputs, start, stop)
         refs = expected(case, sub, spec.table_source)
@@ -150,34 +150,35 @@ def run_case(case: RopeCase, specs: Sequence[ImplSpec], *, seed: int = 0,
     try:
         inputs = make_inputs(case, seed, device)
     except Exception as exc:  # e.g. OOM while drawing a huge case
-        reason = ("OOM" if _is_oom(exc) else "error") + ": could not build inputs: " + _short_error(exc)
         status = "OOM" if _is_oom(exc) else "error"
+        reason = f"{status}: could not build inputs: {_short_error(exc)}"
         results = [Result(s.name, s.family, s.kind, status, reason) for s in specs]
         return CaseReport(case, results, copy_gbps, baseline.name if baseline else None)
 
     results: list[Result] = []
-    # Baseline first: its row heads the table and its time is what speed-ups divide.
-    specs = sorted(specs, key=lambda s: baseline is None or s.name != baseline.name)
     for spec in specs:
         if progress is not None:
             progress.set_postfix_str(spec.name, refresh=False)
-        results.append(_run_one(case, spec, inputs, targets, timing_on, graph, copy_gbps))
+        results.append(_run_one(case, spec, inputs, targets, timing_on, graph))
         if progress is not None:
             progress.update(1)
     del inputs
-    # Rows that ran come first (baseline on top); unsupported ones after, in registry order.
-    results.sort(key=lambda r: r.status == "unsupported")
+    # The baseline's row on top, then the rows that ran, then the unsupported ones (registry
+    # order within each).
+    results.sort(key=lambda r: (r.status == "unsupported", baseline is None
+                                or r.impl != baseline.name))
     # Inputs are freed: a copy of the case's own size (what small cases can reach), once.
     copy_same_us = (timing.copy_us(case.io_bytes() // 2, device.index or 0)
                     if any(r.median_us is not None for r in results) else None)
-    _speedups(results, baseline)
-    _compile_ratios(results)
-    _pct_size_copy(results, copy_same_us)
+    compiled = next((s.name for s in specs if s.compile_reference), None)
+    metrics.derive(results, io_bytes=case.io_bytes(), copy_gbps=copy_gbps,
+                   copy_same_us=copy_same_us, baseline=baseline and baseline.name,
+                   compiled=compiled)
     return CaseReport(case, results, copy_gbps, baseline.name if baseline else None,
                       copy_same_us)
 
 
-def _run_one(case, spec, inputs, targets, timing_on, graph, copy_gbps) -> Result:
+def _run_one(case, spec, inputs, targets, timing_on, graph) -> Result:
     reason = spec.unsupported_reason(case, targets)
     if reason is not None:
         return Result(spec.name, spec.family, spec.kind, "unsupported", reason)
@@ -197,8 +198,6 @@ def _run_one(case, spec, inputs, targets, timing_on, graph, copy_gbps) -> Result
                 # which a capture on another stream cannot record.
                 if graph and case.direction == "forward":
                     result.graph_us = timing.graph_median_us(fn)
-                result.gbps = case.io_bytes() / (result.median_us * 1e-6) / 1e9
-                result.pct_copy = 100.0 * result.gbps / copy_gbps
             else:
                 result.timing_note = "timing needs an NVIDIA GPU"
         else:
@@ -211,30 +210,3 @@ def _run_one(case, spec, inputs, targets, timing_on, graph, copy_gbps) -> Result
         del snapshot
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-
-
-def _ratio(num: float | None, den: float | None) -> float | None:
-    """``num / den`` where both are real times, else ``None``."""
-    timed = [t is not None and t > 0 and math.isfinite(t) for t in (num, den)]
-    return num / den if all(timed) else None
-
-
-def _speedups(results: list[Result], baseline: ImplSpec | None) -> None:
-    base = next((r for r in results if baseline and r.impl == baseline.name), None)
-    for r in results:
-        r.speedup = _ratio(base.median_us, r.median_us) if base else None
-
-
-def _compile_ratios(results: list[Result]) -> None:
-    """Each time over torch.compile's in the same case; ``None`` where either is missing."""
-    ref = next((r for r in results if r.impl == COMPILE), None)
-    for r in results:
-        r.vs_compile = _ratio(r.median_us, ref.median_us) if ref else None
-        r.graph_vs_compile = _ratio(r.graph_us, ref.graph_us) if ref else None
-
-
-def _pct_size_copy(results: list[Result], copy_same_us: float | None) -> None:
-    """Each speed as % of a copy moving the case's bytes (its time over this time)."""
-    for r in results:
-        ratio = _ratio(copy_same_us, r.median_us)
-        r.pct_size_copy = None if ratio is None else 100.0 * ratio

@@ -1,16 +1,10 @@
-"""The seeds' Triton experiments as named case lists (issue 6), for ``compare.py --suite``.
+"""The seeds' Triton experiments as named case lists, for ``compare.py --suite``.
 
 * :func:`seed000`: seed 000's "Triton vs CUDA" sweep over seq {1024, 2048, 4096, 8192}.
 * :func:`seed002`: seed 002's GB/s sweep (head_num 64, head_dim 128, batch {1, 2, 4, 8},
   seq_len 256..3968 in steps of 128), thinned by default.
-* seed 004 is not a list of RoPE cases (its fused kernel includes the projection matmul): its
-  entry point is :func:`ports.harness.pipeline.main_pipeline`.
-
-Proposed wiring (``ports/harness/suites.py``)::
-
-    from ports.harness.seed_suites import SEED_SUITES
-    SUITES.update(SEED_SUITES)          # "seed000", "seed002"
-    # and in cli.main: "seed004" -> ports.harness.pipeline.main_pipeline(argv_rest)
+* seed 004 is not a list of RoPE cases (its fused kernel includes the projection matmul): it
+  runs as ``python tools/seed004_pipeline.py``.
 """
 from __future__ import annotations
 
@@ -69,5 +63,3 @@ SEED_SUITES: dict[str, Callable[[], list[RopeCase]]] = {
     "seed002": seed002,
     "seed002_full": seed002_full,
 }
-
-SEED004_ENTRY = "ports.harness.pipeline:main_pipeline"

@@ -67,7 +67,8 @@ def decode() -> list[RopeCase]:
 
 
 def anchors() -> list[RopeCase]:
-    """The forward shapes of ANCHORS.md's first table (bshd, rotate-half, tables in x's dtype)."""
+    """Five forward reference points: three prefill shapes (bf16, fp16, fp32), one 32k-token
+    sequence and a 64-sequence decode step (bshd, rotate-half, tables in x's dtype)."""
     shapes = [((4, 4096, 32, 128), "bf16"), ((8, 4096, 64, 128), "fp16"),
               ((2, 4096, 32, 128), "fp32"), ((1, 32768, 8, 128), "bf16"),
               ((64, 1, 32, 128), "bf16")]
@@ -80,7 +81,7 @@ PREFILL_SHAPES = ((1, 4096, 32, 128), (4, 4096, 32, 128), (8, 4096, 64, 128), (1
 
 def prefill() -> list[RopeCase]:
     """Prefill: bshd and sbhd, four (b, s, h, d) shapes, fp16/bf16/fp32, rotate-half, tables in
-    x's dtype (what ANCHORS.md measured; the ports that read tables as T need it)."""
+    x's dtype (the ports that read tables as x's dtype need it)."""
     return [RopeCase(*shape, layout=layout, dtype=dtype, cos_sin_dtype="same",
                      label=f"prefill {layout}")
             for layout in ("bshd", "sbhd") for shape in PREFILL_SHAPES
@@ -143,7 +144,8 @@ def long() -> list[RopeCase]:
 
 
 def apex() -> list[RopeCase]:
-    """The shapes of ANCHORS.md's "apex's original fused RoPE" table (sbhd, s x b x h x d)."""
+    """apex's own layout, sbhd (s x b x h x d): prefill shapes in bf16, fp16 and fp32, a 32k
+    sequence, partial rotary (R = 64) and a decode step."""
     shapes = [((4096, 4, 32, 128), "bf16", None), ((4096, 8, 64, 128), "fp16", None),
               ((4096, 2, 32, 128), "fp32", None), ((32768, 1, 8, 128), "bf16", None),
               ((4096, 4, 32, 128), "bf16", 64), ((1, 64, 32, 128), "bf16", None)]

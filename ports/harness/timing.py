@@ -28,10 +28,12 @@ def graph_median_us(fn, *, rep_ms: int = REP_MS) -> float:
     return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e3
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def copy_bandwidth_gbps(device_index: int = 0, nbytes: int = COPY_BYTES) -> float:
     """Device-to-device copy bandwidth, GB/s counting bytes read plus bytes written."""
-    return 2 * nbytes / (copy_us(nbytes, device_index) * 1e-6) / 1e9
+    from ports.harness.metrics import gbps
+
+    return gbps(2 * nbytes, copy_us(nbytes, device_index))
 
 
 def copy_us(nbytes: int, device_index: int = 0) -> float:

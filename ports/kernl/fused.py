@@ -8,7 +8,7 @@ fused_kernel_proj_qkv.py`` (``rmsnorm_triton``, ``rmsnorm_triton_wrapper``, ``rm
 ``rms_matmul_rbe_wrapper``, ``rms_matmul_rbe_qkv``, ``rms_matmul_rbe_qkv_wrapper``). An independent
 re-implementation of that design, not a copy. This is not a RoPE kernel the canonical cases can
 call: it is a different study entry ("RoPE fused into the QKV projection"), benchmarked by
-:mod:`ports.harness.pipeline` against the unfused pipeline.
+``tools/seed004_pipeline.py`` against the unfused pipeline.
 
 Design kept
 -----------

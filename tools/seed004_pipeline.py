@@ -3,9 +3,11 @@
 kernl's blog (seed 004) times three things on Llama-2-7B shapes (hidden 4096 = 32 heads x 128,
 fp16, batch 1): its RBE kernel against PyTorch, its RMSNorm kernel against PyTorch, and the fused
 ``rms_matmul_rbe`` (RMSNorm + projection + RoPE) against the unfused PyTorch pipeline. None of these
-is a canonical RoPE case (the fused kernel does a matmul), so they are not registry entries; this
-module validates each against a float64 reference and times it (:func:`run`, :func:`table_rows`,
-:func:`main_pipeline`, meant as ``compare.py --suite seed004``).
+is a canonical RoPE case (the fused kernel does a matmul), so they are not registry entries and
+``compare.py`` does not run them: this tool validates each against a float64 reference and times
+it on a GPU (``compare.py --claims`` reads :func:`run` for seed 004's claims)::
+
+    python tools/seed004_pipeline.py [--experiment rbe rmsnorm fused] [--seed N]
 
 Pipelines compared (all produce ``[batch, M, heads, head_dim]`` in x's dtype):
 
@@ -26,6 +28,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: the repository root is what ``ports`` lives in
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -230,7 +237,7 @@ def _fused_blocks(s) -> dict:
 
     if s.hidden % BLOCKS["block_size_k"] == 0:
         return {}
-    return dict(block_size_n=16, block_size_k=16)
+    return {"block_size_n": 16, "block_size_k": 16}
 
 
 def _pipe_fused(s, t):
@@ -352,9 +359,9 @@ NO_GPU_NOTE = ("No CUDA GPU found: seed 004's experiments are timed on a GPU onl
                "blog's Llama-2-7B shapes need a GPU.")
 
 
-def main_pipeline(argv: Sequence[str] | None = None) -> int:
-    """``compare.py --suite seed004``: print seed 004's three tables. Exit 1 if a check fails."""
-    p = argparse.ArgumentParser(prog="compare.py --suite seed004",
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print seed 004's three tables. Exit 1 if a check fails."""
+    p = argparse.ArgumentParser(prog="tools/seed004_pipeline.py",
                                 description="Seed 004 (kernl): RBE, RMSNorm, fused rms_matmul_rbe")
     p.add_argument("--experiment", nargs="+", choices=EXPERIMENTS, default=list(EXPERIMENTS))
     p.add_argument("--seed", type=int, default=0)
@@ -376,4 +383,4 @@ def main_pipeline(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main_pipeline())
+    sys.exit(main())
