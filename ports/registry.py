@@ -26,6 +26,9 @@ PACKAGES = ("eager", "leetcuda", "apex", "paddle", "oneflow", "te_triton", "batc
 FAMILIES = ("eager", "leetcuda", "apex", "paddle", "oneflow", "te_triton", "batch_reuse", "kernl",
             "fastrope", "fastrope-ablation")
 BACKENDS = ("torch", "cupy", "triton")
+# Earlier names of rows, still accepted wherever a name is (results files and scripts hold them).
+ALIASES = {"triton.te_seed000": "triton.te_style", "triton.batch_reuse_seed002": "triton.batch_reuse",
+           "study": "fastrope", "study-ablation": "fastrope-ablation"}
 
 
 def _load() -> tuple[ImplSpec, ...]:
@@ -67,6 +70,7 @@ def unknown_name(word: str) -> str:
 
 def get(name: str) -> ImplSpec:
     """The spec called ``name``; an unknown name raises KeyError with the closest names."""
+    name = ALIASES.get(name, name)
     for spec in _specs():
         if spec.name == name:
             return spec
@@ -85,6 +89,7 @@ def select(only: Iterable[str] | None = None, skip: Iterable[str] | None = None
     def expand(words: Iterable[str]) -> set[str]:
         out = set()
         for word in words:
+            word = ALIASES.get(word, word)
             hits = [s.name for s in specs if word in (s.name, s.family)
                     or (word == s.backend and s.kind != "ablation")]
             if not hits:
