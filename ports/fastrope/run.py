@@ -1,8 +1,9 @@
-"""``apply_rope`` and ``apply_rope_inplace``: the public API and its autograd.
+"""One call run end to end: the implementation behind the public functions, the ops and the ablations.
 
 A call is validated on the host (problem.py), planned and packed (plan.py, launcher.py), both
-cached by input geometry, then launched once for q and k together. :func:`rotate` is that path;
-the public functions are it with the design's tuning, ablation.py with another one.
+cached by input geometry, then launched once for q and k together. :func:`rotate` is that path
+without autograd (what the registered ops run, ops.py); :func:`rotate_autograd` adds autograd
+for the direct calls (api.py's eager path and ablation.py's tunings).
 """
 from __future__ import annotations
 
@@ -29,9 +30,8 @@ class _Entry:
     launches: list | None = None
 
 
-# Entries by input key; backward launches by (entry, gradients' geometry, tables' alignment).
+# Entries by input key (gradients are inputs of the inverse rotation, with their own key).
 _ENTRIES: dict = {}
-_BACKWARD: dict = {}
 _CACHE_LIMIT = 1024
 
 
@@ -119,58 +119,26 @@ def _new_outputs(xs):
     return outs
 
 
-def _backward(ctx, grads):
-    """The gradients of q and k: the same kernel rotating dy by -theta (the transpose)."""
-    entry, c = ctx.entry, ctx.call
-    gs = [g if g.stride(-1) == 1 else g.contiguous() for g in grads]  # broadcast dy: dense
-    outs = _new_outputs(gs)
-    key = (entry, tuple((g.dtype, g.shape, g.stride(), g.data_ptr() & 15) for g in gs),
-           (_ptr(c.cos) | _ptr(c.sin)) & 15)
-    launches = _BACKWARD.get(key)
-    if launches is None:
-        launches = _remember(_BACKWARD, key, _launches(entry, gs, outs, in_place=False,
-                                                       backward=True, cos=c.cos, sin=c.sin))
-    _execute(launches, c, gs, outs)
-    return None, None, None, None, outs[0], (outs[1] if len(outs) > 1 else None)
+def _capturing(q) -> bool:
+    """Whether q's device's current stream is capturing a CUDA graph."""
+    return q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-class _Rope(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, entry, call, launches, outs, q, k):
-        ctx.entry, ctx.call = entry, call
-        xs = [q] if k is None else [q, k]
-        outs = outs or _new_outputs(xs)
-        _execute(launches, call, xs, outs)
-        return tuple(outs) if k is not None else outs[0]
+def rotate(q, k=None, *, in_place: bool, inverse: bool = False, tuning: Tuning | None = None,
+           cos=None, sin=None, positions=None, offsets=None, cu_seqlens=None, max_seqlen=None,
+           style="rotate_half", layout="bshd", rotary_dim=None, base=10000.0, inv_freq=None,
+           check_positions=True):
+    """Rotate q (and k) by theta (``inverse``: by -theta, the backward), without autograd.
 
-    @staticmethod
-    def backward(ctx, *grads):
-        return _backward(ctx, grads)
-
-
-class _RopeInplace(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, entry, call, launches, outs, q, k):
-        ctx.entry, ctx.call = entry, call
-        xs = [q] if k is None else [q, k]
-        _execute(launches, call, xs, xs)
-        ctx.mark_dirty(*xs)
-        return tuple(xs) if k is not None else q
-
-    @staticmethod
-    def backward(ctx, *grads):
-        return _backward(ctx, grads)
-
-
-def rotate(q, k=None, *, in_place: bool, tuning: Tuning | None = None, cos=None, sin=None,
-           positions=None, offsets=None, cu_seqlens=None, max_seqlen=None, style="rotate_half",
-           layout="bshd", rotary_dim=None, base=10000.0, inv_freq=None, check_positions=True):
-    """:func:`apply_rope` (``in_place=False``) or :func:`apply_rope_inplace` (``in_place=True``)
-    with the launch plan changed by ``tuning`` (an ``ablation.Tuning``; None: the design)."""
+    The arguments are ``apply_rope``'s; ``in_place`` writes into q and k, else into new
+    contiguous outputs; ``tuning`` (an ``ablation.Tuning``; None: the design) changes the launch
+    plan. Returns q's output, or (q's, k's). The position check (``check_positions``) is skipped
+    while the current stream is capturing a CUDA graph: it reads device memory on the host.
+    """
     key = problem.input_key(q=q, k=k, cos=cos, sin=sin, positions=positions, offsets=offsets,
                             cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style,
                             layout=layout, rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
-                            extra=(tuning, in_place))
+                            extra=(tuning, in_place, inverse))
     entry = _ENTRIES.get(key) if key is not None else None
     if entry is None:
         p = problem.validate(q=q, k=k, cos=cos, sin=sin, positions=positions, offsets=offsets,
@@ -178,71 +146,49 @@ def rotate(q, k=None, *, in_place: bool, tuning: Tuning | None = None, cos=None,
                              layout=layout, rotary_dim=rotary_dim, base=base, inv_freq=inv_freq)
         entry = _remember(_ENTRIES, key, _Entry(p, tuning))
     p = entry.problem
-    if check_positions:
+    if check_positions and not _capturing(q):
         problem.check_contents(p, cos=cos, positions=positions, offsets=offsets,
                                cu_seqlens=cu_seqlens)
     call = _Call(p, q, cos=cos, sin=sin, positions=positions, offsets=offsets,
                  cu_seqlens=cu_seqlens, inv_freq=inv_freq)
     xs = [q] if k is None else [q, k]
-    outs = None
+    outs = xs if in_place else _new_outputs(xs)
     launches = entry.launches
     if launches is None:  # first call of this geometry: plan with the real outputs
-        outs = xs if in_place else _new_outputs(xs)
         launches = entry.launches = _launches(entry, xs, outs, in_place=in_place,
-                                              backward=False, cos=call.cos, sin=call.sin)
-    if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
-        return (_RopeInplace if in_place else _Rope).apply(entry, call, launches, outs, q, k)
-    if outs is None:
-        outs = xs if in_place else _new_outputs(xs)
+                                              backward=inverse, cos=call.cos, sin=call.sin)
     _execute(launches, call, xs, outs)
     return outs[0] if k is None else tuple(outs)
 
 
-def apply_rope(q, k=None, *, cos=None, sin=None, positions=None, offsets=None, cu_seqlens=None,
-               max_seqlen=None, style="rotate_half", layout="bshd", rotary_dim=None,
-               base=10000.0, inv_freq=None, check_positions=True):
-    """Rotate q (and k) by RoPE; new contiguous outputs, in one launch.
-
-    Parameters
-    ----------
-    q, k
-        ``[b, s, h, d]`` (bshd), ``[s, b, h, d]`` (sbhd), ``[b, h, s, d]`` (bhsd) or packed
-        ``[t, h, d]`` (thd); float32/float16/bfloat16; any strides with the last dim contiguous.
-        k may have a different head count (GQA/MQA).
-    cos, sin
-        Tables ``[L, rotary_dim]`` in the style's natural layout (rotate-half: concatenated
-        halves; interleaved: each angle twice), or ``[L, rotary_dim / 2]`` (one angle per pair).
-        Row = position. Omit both to compute the angles in the kernel, in fp64, from ``base``
-        (or ``inv_freq [rotary_dim / 2]``, e.g. a scaled frequency set).
-    positions
-        Per-token ids: ``[b, s]`` or ``[s]`` (thd: ``[t]``), int32/int64.
-    offsets
-        Each sequence's first position (int tensor ``[b]``, thd: ``[num_seqs]``), or one int for
-        all. Without positions or offsets, token i of each sequence sits at position i.
-    cu_seqlens, max_seqlen
-        thd only: int32 ``[num_seqs + 1]`` boundaries; ``max_seqlen`` spares a device sync when
-        ``check_positions`` is off.
-    style
-        ``rotate_half`` (NeoX/HF, pairs ``(i, i + R/2)``) or ``interleaved`` (GPT-J,
-        ``(2i, 2i+1)``).
-    rotary_dim
-        Rotated channels R (even, <= d); channels R..d-1 are copied unchanged.
-    check_positions
-        Check on the host that every position indexes a table row (and that cu_seqlens is
-        well formed). Ids and offset tensors cost one device sync; pass False when they are known
-        good (the kernel clamps rows, so a bad position is wrong, never out of bounds).
-    """
-    return rotate(q, k, in_place=False, cos=cos, sin=sin, positions=positions, offsets=offsets,
-                  cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style, layout=layout,
-                  rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
-                  check_positions=check_positions)
+def dense_gradients(grads):
+    """Gradients as the kernel reads them: a broadcast dy (autograd's own, stride 0) made dense."""
+    return [g if g.stride(-1) == 1 else g.contiguous() for g in grads]
 
 
-def apply_rope_inplace(q, k=None, *, cos=None, sin=None, positions=None, offsets=None,
-                       cu_seqlens=None, max_seqlen=None, style="rotate_half", layout="bshd",
-                       rotary_dim=None, base=10000.0, inv_freq=None, check_positions=True):
-    """As :func:`apply_rope`, rotating q (and k) in place; returns them."""
-    return rotate(q, k, in_place=True, cos=cos, sin=sin, positions=positions, offsets=offsets,
-                  cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style, layout=layout,
-                  rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
-                  check_positions=check_positions)
+class _Rotation(torch.autograd.Function):
+    """:func:`rotate` with autograd: the backward is the same kernel rotating dy by -theta."""
+
+    @staticmethod
+    def forward(ctx, kwargs, q, k):
+        ctx.kwargs = kwargs
+        out = rotate(q, k, **kwargs)
+        if kwargs["in_place"]:
+            ctx.mark_dirty(*([q] if k is None else [q, k]))
+        return out
+
+    @staticmethod
+    def backward(ctx, *grads):
+        kwargs = dict(ctx.kwargs, in_place=False, inverse=not ctx.kwargs["inverse"],
+                      check_positions=False)
+        gs = dense_gradients(grads)
+        out = rotate(*gs, **kwargs)
+        return (None, out, None) if len(gs) == 1 else (None, *out)
+
+
+def rotate_autograd(q, k=None, **kwargs):
+    """:func:`rotate` (same arguments), recorded for autograd when q or k requires grad."""
+    if torch.is_grad_enabled() and (getattr(q, "requires_grad", False)
+                                    or getattr(k, "requires_grad", False)):
+        return _Rotation.apply(kwargs, q, k)
+    return rotate(q, k, **kwargs)
