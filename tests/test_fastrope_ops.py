@@ -129,7 +129,9 @@ def _matrix():
     return cases
 
 
-def _case_args(style, layout, source, pos, rot, with_k):
+def _case_args(style, layout, source, pos, rot, with_k, device="cpu"):
+    """q, k and the rest of fastrope::rope's arguments (less ``inverse``) for a _matrix case."""
+    torch.manual_seed(0)
     b, s, d = 2, 5, 16
     shape = {"bshd": (b, s, 4, d), "sbhd": (s, b, 4, d), "bhsd": (b, 4, s, d),
              "thd": (b * s, 4, d)}[layout]
@@ -152,6 +154,8 @@ def _case_args(style, layout, source, pos, rot, with_k):
         offsets = torch.tensor([4, 1][:nseq], dtype=torch.int32)
     elif pos == "int":
         offset = 3
+    q, k, cos, sin, positions, offsets, cu, inv = (
+        None if t is None else t.to(device) for t in (q, k, cos, sin, positions, offsets, cu, inv))
     rest = (cos, sin, positions, offsets, offset, cu, (7 if layout == "thd" else None), style,
             layout, rot, 10000.0, inv, True)
     return q, k, rest
@@ -203,7 +207,7 @@ class _Attention(torch.nn.Module):
     def __init__(self, dim=64, heads=4):
         super().__init__()
         self.heads = heads
-        self.qkv = torch.nn.Linear(dim, 3 * dim)
+        self.qkv = torch.nn.Linear(dim, 3 * dim, bias=False)
 
     def forward(self, x, cos, sin, offset):
         b, s, _ = x.shape
