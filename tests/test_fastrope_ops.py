@@ -16,11 +16,12 @@ import types
 import pytest
 import torch
 
-from ports.fastrope import api, apply_rope, apply_rope_inplace, hf, run
+from ports.fastrope import api, apply_rope, apply_rope_inplace, hf, problem, run
 from reference import tables
 from reference.eager import hf_apply_rotary_pos_emb
 from reference.oracle import rope_oracle
 from reference.vocabulary import BSH_AXES
+from test_fastrope import fake  # CPU tensors that pass problem.validate's device check
 
 OPS = [torch.ops.fastrope.rope.default, torch.ops.fastrope.rope_.default]
 
@@ -46,7 +47,12 @@ def _oracle_rotate(q, k=None, *, in_place, inverse=False, tuning=None, cos=None,
                    positions=None, offsets=None, cu_seqlens=None, max_seqlen=None,
                    style="rotate_half", layout="bshd", rotary_dim=None, base=10000.0,
                    inv_freq=None, check_positions=True):
-    """``run.rotate`` computed by the float64 oracle (CPU, any layout and position form)."""
+    """``run.rotate`` computed by the float64 oracle (CPU, any layout and position form), after
+    the real argument checks (so the arguments the ops pass on must be a valid call)."""
+    problem.validate(q=fake(q), k=None if k is None else fake(k), cos=cos, sin=sin,
+                     positions=positions, offsets=offsets, cu_seqlens=cu_seqlens,
+                     max_seqlen=max_seqlen, style=style, layout=layout, rotary_dim=rotary_dim,
+                     base=base, inv_freq=inv_freq)
     rot = rotary_dim or q.shape[-1]
     pos = _token_positions(q, layout, positions, offsets, cu_seqlens)
     if cos is None:
@@ -202,21 +208,27 @@ def test_offsets_of_another_type_are_refused_on_the_op_path():
 
 
 class _Attention(torch.nn.Module):
-    """q, k, v projections, RoPE (out of place on q, in place on k) and attention."""
+    """Attention over [b, s, h, d] q, k, v with RoPE: out of place on q, in place on (a copy
+    of) k."""
 
-    def __init__(self, dim=64, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.qkv = torch.nn.Linear(dim, 3 * dim, bias=False)
-
-    def forward(self, x, cos, sin, offset):
-        b, s, _ = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, self.heads, -1).unbind(2)
+    def forward(self, q, k, v, cos, sin, offset):
+        b, s = q.shape[:2]
         q = apply_rope(q, cos=cos, sin=sin, offsets=offset)
         k = apply_rope_inplace(k.clone(), cos=cos, sin=sin, offsets=offset)
         att = torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
         return att.transpose(1, 2).reshape(b, s, -1)
+
+
+def _qkv(b, s, h, d, device="cpu", grad=False):
+    """q, k, v [b, s, h, d], strided views cut from one [b, s, 3, h, d] tensor (as from a fused
+    projection); leaves that require grad when ``grad``."""
+    qkv = torch.randn(b, s, 3, h, d, device=device)
+    return [x.detach().requires_grad_(grad) for x in qkv.unbind(2)]
+
+
+def _grads(out, inputs, dy):
+    return torch.autograd.grad(out, inputs, dy)
 
 
 def _count_graphs():
@@ -240,14 +252,14 @@ def test_compile_fullgraph_without_breaks(oracle_kernel, grad):
     graphs, backend = _count_graphs()
     compiled = torch.compile(model, fullgraph=True, dynamic=True, backend=backend)
     for s in (5, 9, 17):
-        x = _rand(2, s, 64)
+        qkv = _qkv(2, s, 4, 16, grad=grad)
         with torch.set_grad_enabled(grad):
-            want, got = model(x, cos, sin, 3), compiled(x, cos, sin, 3)
+            want, got = model(*qkv, cos, sin, 3), compiled(*qkv, cos, sin, 3)
         assert torch.equal(want, got)
         if grad:
-            gw = torch.autograd.grad(want.square().sum(), model.qkv.weight)
-            gg = torch.autograd.grad(got.square().sum(), model.qkv.weight)
-            assert torch.equal(gw[0], gg[0])
+            dy = torch.randn_like(want)
+            for a, b in zip(_grads(want, qkv, dy), _grads(got, qkv, dy)):
+                assert torch.equal(a, b)
     assert len(graphs) == 1
     ops = {str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"}
     assert "fastrope.rope" in ops
@@ -255,18 +267,18 @@ def test_compile_fullgraph_without_breaks(oracle_kernel, grad):
 
 
 def test_aot_autograd_traces_the_backward_op(oracle_kernel):
-    """Under AOTAutograd (aot_eager) the backward graph holds the inverse rotation."""
+    """Under AOTAutograd (aot_eager) the backward runs the registered autograd (the inverse
+    rotation) and matches eager."""
     torch._dynamo.reset()
     model = _Attention()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    x = _rand(2, 6, 64)
+    qkv = _qkv(2, 6, 4, 16, grad=True)
     cos, sin = _rand(16, 16), _rand(16, 16)
-    got = compiled(x, cos, sin, 1)
-    want = model(x, cos, sin, 1)
+    got, want = compiled(*qkv, cos, sin, 1), model(*qkv, cos, sin, 1)
     assert torch.equal(got, want)
-    gw = torch.autograd.grad(want.sum(), model.qkv.weight)[0]
-    gg = torch.autograd.grad(got.sum(), model.qkv.weight)[0]
-    assert torch.equal(gw, gg)
+    dy = torch.randn_like(want)
+    for a, b in zip(_grads(want, qkv, dy), _grads(got, qkv, dy)):
+        assert torch.equal(a, b)
 
 
 # ---- Hugging Face drop-in -----------------------------------------------------------------------

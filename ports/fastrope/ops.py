@@ -9,7 +9,7 @@
   when no gradient is recorded, else ``rope`` and ``Tensor.copy_`` (see api.py).
 
 The arguments are ``apply_rope``'s with ``offsets`` split in two: ``offsets`` (a per-sequence
-int tensor, or None) and ``offset`` (one int for all). The implementations are
+int tensor, or None) and ``offset`` (one int for all; 0 with positions or an offsets tensor). The implementations are
 :func:`ports.fastrope.run.rotate`, which validates on the host and launches; the fake
 implementations give the outputs' shapes, dtypes and strides without running (shape errors
 surface when the real op runs).
@@ -24,6 +24,12 @@ from ports.fastrope import run
 NAMESPACE = "fastrope"
 
 
+def _offsets(offsets: Tensor | None, offset: int):
+    """``apply_rope``'s ``offsets`` from the op's two arguments (an offset of 0 is none, so that
+    it may come with positions)."""
+    return offsets if offsets is not None else (offset or None)
+
+
 def _inputs(q: Tensor, k: Tensor | None) -> list[Tensor]:
     return [q] if k is None else [q, k]
 
@@ -36,7 +42,7 @@ def rope(q: Tensor, k: Tensor | None, cos: Tensor | None, sin: Tensor | None,
          inverse: bool) -> list[Tensor]:
     """q (and k) rotated by theta (``inverse``: -theta) into new contiguous tensors."""
     out = run.rotate(q, k, in_place=False, inverse=inverse, cos=cos, sin=sin,
-                     positions=positions, offsets=offset if offsets is None else offsets,
+                     positions=positions, offsets=_offsets(offsets, offset),
                      cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style, layout=layout,
                      rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
                      check_positions=check_positions)
@@ -79,7 +85,7 @@ def rope_(q: Tensor, k: Tensor | None, cos: Tensor | None, sin: Tensor | None,
           check_positions: bool) -> None:
     """q (and k) rotated by theta in place."""
     run.rotate(q, k, in_place=True, cos=cos, sin=sin, positions=positions,
-               offsets=offset if offsets is None else offsets, cu_seqlens=cu_seqlens,
+               offsets=_offsets(offsets, offset), cu_seqlens=cu_seqlens,
                max_seqlen=max_seqlen, style=style, layout=layout, rotary_dim=rotary_dim,
                base=base, inv_freq=inv_freq, check_positions=check_positions)
 
