@@ -16,7 +16,7 @@ import types
 import pytest
 import torch
 
-from ports.fastrope import api, apply_rope, apply_rope_inplace, hf, problem, run
+from ports.fastrope import ablation, api, apply_rope, apply_rope_inplace, hf, problem, run
 from reference import tables
 from reference.eager import hf_apply_rotary_pos_emb
 from reference.oracle import rope_oracle
@@ -199,6 +199,19 @@ def test_autograd_in_place_matches_out_of_place(oracle_kernel, with_k):
     for x, dy, g in zip(leaves, dys, grads):
         want = _oracle_rotate(dy, in_place=False, inverse=True, cos=cos, sin=sin, offsets=2)
         assert torch.equal(g, want)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_ablation_autograd_rotates_the_gradient_back(oracle_kernel, in_place):
+    """The ablation functions (a tuning, so no op) record their own autograd: the backward is the
+    inverse rotation with the same tuning."""
+    cos, sin = _rand(16, 16), _rand(16, 16)
+    leaf = _rand(2, 5, 4, 16).requires_grad_(True)
+    fn = ablation.apply_rope_inplace if in_place else ablation.apply_rope
+    out = fn(leaf.clone() if in_place else leaf, cos=cos, sin=sin, tuning=ablation.Tuning())
+    dy = torch.randn_like(out)
+    (grad,) = torch.autograd.grad(out, leaf, dy)
+    assert torch.equal(grad, _oracle_rotate(dy, in_place=False, inverse=True, cos=cos, sin=sin))
 
 
 def test_offsets_of_another_type_are_refused_on_the_op_path():

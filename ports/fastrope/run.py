@@ -186,8 +186,9 @@ class _Rotation(torch.autograd.Function):
         return (None, out, None) if len(gs) == 1 else (None, *out)
 
 
-def rotate_autograd(q, k=None, **kwargs):
+def rotate_autograd(q, k=None, *, inverse: bool = False, **kwargs):
     """:func:`rotate` (same arguments), recorded for autograd when q or k requires grad."""
+    kwargs["inverse"] = inverse
     if torch.is_grad_enabled() and (getattr(q, "requires_grad", False)
                                     or getattr(k, "requires_grad", False)):
         return _Rotation.apply(kwargs, q, k)
