@@ -178,9 +178,13 @@ def test_opcheck_matrix(oracle_kernel, case):
 
 # ---- the public functions through the ops -------------------------------------------------------
 @pytest.mark.parametrize("with_k", [False, True])
-def test_autograd_in_place_matches_out_of_place(oracle_kernel, with_k):
-    """apply_rope_inplace with a gradient recorded (rope + copy_) gives apply_rope's values and
-    gradients; the backward is the inverse rotation."""
+@pytest.mark.parametrize("through_ops", [False, True], ids=["eager", "ops"])
+def test_autograd_in_place_matches_out_of_place(oracle_kernel, monkeypatch, with_k, through_ops):
+    """apply_rope_inplace with a gradient recorded gives apply_rope's values and gradients, on
+    the eager path (mark_dirty) and through the ops (rope + copy_, as traced); the backward is
+    the inverse rotation."""
+    if through_ops:
+        monkeypatch.setattr(api, "_direct", lambda: False)
     cos, sin = _rand(16, 16), _rand(16, 16)
     leaves = [_rand(2, 5, 4, 16).requires_grad_(True)]
     if with_k:
@@ -214,8 +218,9 @@ def test_ablation_autograd_rotates_the_gradient_back(oracle_kernel, in_place):
     assert torch.equal(grad, _oracle_rotate(dy, in_place=False, inverse=True, cos=cos, sin=sin))
 
 
-def test_offsets_of_another_type_are_refused_on_the_op_path():
-    q = _rand(2, 5, 4, 16).requires_grad_(True)
+def test_offsets_of_another_type_are_refused_on_the_op_path(monkeypatch):
+    monkeypatch.setattr(api, "_direct", lambda: False)
+    q = _rand(2, 5, 4, 16)
     with pytest.raises(TypeError, match="offsets must be an int or an int tensor, got float"):
         apply_rope(q, offsets=1.5)
 
@@ -359,9 +364,14 @@ def test_patch_llama_without_transformers():
         pytest.skip("transformers is installed: tests/test_gpu_fastrope_torch.py patches Llama")
 
 
-def test_direct_path_only_when_nothing_is_recorded():
+def test_direct_path_only_when_nothing_traces():
+    """Eager calls skip the dispatcher; under a dispatch mode they do not."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    assert api._direct()
+    with FakeTensorMode():
+        assert not api._direct()
     q = _rand(2, 3, 4, 8)
-    assert api._direct(q, None)
-    assert not api._direct(q.requires_grad_(True), None)
+    assert not api._records_grad(q, None) and api._records_grad(q, q.requires_grad_(True))
     with torch.no_grad():
-        assert api._direct(q, None)
+        assert not api._records_grad(q, None)

@@ -25,7 +25,7 @@ import time
 import pytest
 import torch
 
-from ports.fastrope import apply_rope, apply_rope_inplace, hf, launcher
+from ports.fastrope import api, apply_rope, apply_rope_inplace, hf, launcher
 from reference.eager import hf_apply_rotary_pos_emb
 from reference.tables import rope_tables
 from test_fastrope_ops import _Attention, _case_args, _grads, _matrix, _qkv
@@ -130,13 +130,23 @@ def test_opcheck_matrix(case):
                           (q.detach().clone(), None if k is None else k.clone(), *rest))
 
 
-def test_the_op_path_matches_the_direct_path():
-    """With a gradient recorded the call goes through the op; its values are the direct call's."""
+@pytest.mark.parametrize("in_place", [False, True])
+def test_the_op_path_matches_the_direct_path(monkeypatch, in_place):
+    """Through the ops (as traced: rope, or rope + copy_ in place) values and gradients are the
+    eager path's, bit for bit."""
     q, k, cos, sin = _inputs()
-    direct = apply_rope(q, k, cos=cos, sin=sin, offsets=5)
-    leaf = q.clone().requires_grad_(True)
-    through_op = apply_rope(leaf, k, cos=cos, sin=sin, offsets=5)
-    assert all(torch.equal(a, b) for a, b in zip(direct, through_op))
+    dys = [torch.randn_like(q), torch.randn_like(k)]
+
+    def run(leaves):
+        xs = [x.clone() for x in leaves] if in_place else leaves
+        outs = (apply_rope_inplace if in_place else apply_rope)(*xs, cos=cos, sin=sin,
+                                                                 offsets=5)
+        return list(outs) + list(torch.autograd.grad(outs, leaves, dys))
+
+    direct = run([q.clone().requires_grad_(True), k.clone().requires_grad_(True)])
+    monkeypatch.setattr(api, "_direct", lambda: False)
+    through_ops = run([q.clone().requires_grad_(True), k.clone().requires_grad_(True)])
+    assert all(torch.equal(a, b) for a, b in zip(direct, through_ops))
 
 
 # ---- torch.compile -----------------------------------------------------------------------------

@@ -1,10 +1,11 @@
 """``apply_rope`` and ``apply_rope_inplace``: the public API.
 
-An eager call with nothing to record (no gradient wanted, no torch.compile trace, no dispatch
-mode such as FakeTensorMode) runs the implementation directly (:func:`run.rotate`): going
-through the dispatcher would cost several times the call's own host time. Every other call goes
-through the registered ops (ops.py): under torch.compile and tracing they are one op each, and
-their autograd is the one registered with them. Both paths launch the same kernel.
+An eager call (no torch.compile trace, no dispatch mode such as FakeTensorMode) runs the
+implementation directly: :func:`run.rotate`, or :func:`run.rotate_autograd` when a gradient is
+recorded. Going through the dispatcher would cost several times the call's own host time (the
+custom op's Python autograd most of all). Every other call goes through the registered ops
+(ops.py), which is what torch.compile, export and tracing see; their autograd is the one
+registered with them. Both paths launch the same kernel with the same plan.
 """
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ import torch
 from ports.fastrope import ops, run
 
 
-def _direct(q, k) -> bool:
-    """Whether an eager call can skip the dispatcher (nothing to record or trace)."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
-        return False
-    return not (torch.is_grad_enabled() and (getattr(q, "requires_grad", False)
-                                             or getattr(k, "requires_grad", False)))
+def _direct() -> bool:
+    """Whether the call can skip the dispatcher: eager, with no dispatch mode to see the op."""
+    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack())
+
+
+def _records_grad(q, k) -> bool:
+    return torch.is_grad_enabled() and (getattr(q, "requires_grad", False)
+                                        or getattr(k, "requires_grad", False))
 
 
 def _op_arguments(*, cos, sin, positions, offsets, cu_seqlens, max_seqlen, style, layout,
@@ -73,11 +76,12 @@ def apply_rope(q, k=None, *, cos=None, sin=None, positions=None, offsets=None, c
         is skipped while the current stream captures a CUDA graph (a capture allows no sync):
         check the positions before capturing, or trust them.
 
-    Autograd, torch.compile (``fullgraph=True``) and CUDA-graph capture work; the call is the
-    op ``torch.ops.fastrope.rope`` wherever it is traced or recorded (ops.py).
+    Autograd (from any thread), torch.compile (``fullgraph=True``) and CUDA-graph capture
+    work; traced, the call is the op ``torch.ops.fastrope.rope`` (ops.py).
     """
-    if _direct(q, k):
-        return run.rotate(q, k, in_place=False, cos=cos, sin=sin, positions=positions,
+    if _direct():
+        rotate = run.rotate_autograd if _records_grad(q, k) else run.rotate
+        return rotate(q, k, in_place=False, cos=cos, sin=sin, positions=positions,
                           offsets=offsets, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
                           style=style, layout=layout, rotary_dim=rotary_dim, base=base,
                           inv_freq=inv_freq, check_positions=check_positions)
@@ -94,12 +98,13 @@ def apply_rope_inplace(q, k=None, *, cos=None, sin=None, positions=None, offsets
                        rotary_dim=None, base=10000.0, inv_freq=None, check_positions=True):
     """As :func:`apply_rope`, rotating q (and k) in place; returns them.
 
-    Traced or recorded, the call is the mutating op ``torch.ops.fastrope.rope_``, or, when a
-    gradient is recorded, ``torch.ops.fastrope.rope`` and ``copy_`` into q and k (PyTorch has no
-    autograd for a mutating custom op).
+    Traced, the call is the mutating op ``torch.ops.fastrope.rope_``, or, when a gradient is
+    recorded, ``torch.ops.fastrope.rope`` and ``copy_`` into q and k (PyTorch has no autograd for
+    a mutating custom op).
     """
-    if _direct(q, k):
-        return run.rotate(q, k, in_place=True, cos=cos, sin=sin, positions=positions,
+    if _direct():
+        rotate = run.rotate_autograd if _records_grad(q, k) else run.rotate
+        return rotate(q, k, in_place=True, cos=cos, sin=sin, positions=positions,
                           offsets=offsets, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
                           style=style, layout=layout, rotary_dim=rotary_dim, base=base,
                           inv_freq=inv_freq, check_positions=check_positions)
@@ -107,7 +112,7 @@ def apply_rope_inplace(q, k=None, *, cos=None, sin=None, positions=None, offsets
                          cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style,
                          layout=layout, rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
                          check_positions=check_positions)
-    if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
+    if _records_grad(q, k):
         outs = torch.ops.fastrope.rope(q, k, *args, False)
         q.copy_(outs[0])
         if k is not None:
