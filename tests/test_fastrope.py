@@ -339,7 +339,8 @@ def recorded_launches(monkeypatch):
     monkeypatch.setattr(plan, "sm_count", lambda index: 132)
     monkeypatch.setattr(launcher, "prepare", PREPARE)
     monkeypatch.setattr(kernel, "function_ptr", lambda device, name: 1)
-    monkeypatch.setattr(launcher, "_driver", lambda: types.SimpleNamespace(launchKernel=None))
+    monkeypatch.setattr(launcher, "_driver", lambda: types.SimpleNamespace(
+        launchKernel=None, ctxGetCurrent=None, ctxSetCurrent=None))
     monkeypatch.setattr(launcher, "primary_context", lambda device: 0)
     monkeypatch.setattr(launcher, "launch", lambda lc, *pointers: launches.append(lc))
     return launches

@@ -58,7 +58,9 @@ class Launch:
     plan: Plan
     dims: tuple[int, ...]  # grid, block and shared memory, as cuLaunchKernel takes them
     context: int           # the device's primary context (CUcontext)
-    launch_kernel: Callable  # CuPy's binding of cuLaunchKernel
+    launch_kernel: Callable  # CuPy's bindings of cuLaunchKernel, cuCtxGetCurrent, cuCtxSetCurrent
+    current_context: Callable
+    set_context: Callable
 
 
 def prepare(p: Plan, operands: list[Operand], *, seqlen: int, half: int, half_table: bool,
@@ -77,9 +79,10 @@ def prepare(p: Plan, operands: list[Operand], *, seqlen: int, half: int, half_ta
         p.heads_per_split, pos_mode, int(pos_int32), int(half_table), half, int(backward),
         p.fold, 0)
     device = q.src.get_device()
+    driver = _driver()
     return Launch(kernel.function_ptr(device, p.kernel), p.grid, p.block, p.shared_mem, static,
                   device, p, (*p.grid, *p.block, p.shared_mem), primary_context(device),
-                  _driver().launchKernel)
+                  driver.launchKernel, driver.ctxGetCurrent, driver.ctxSetCurrent)
 
 
 @functools.cache
@@ -122,13 +125,12 @@ def launch(lc: Launch, q_in: int, k_in: int, q_out: int, k_out: int, cos: int, s
         buf[_DYNAMIC.size:PARAMS_SIZE] = lc.static
         _local.static = lc.static
     stream = _current_raw_stream(lc.device)
-    driver = _driver()
-    current = driver.ctxGetCurrent()
+    current = lc.current_context()
     if current == lc.context:
         lc.launch_kernel(lc.function, *lc.dims, stream, _local.argv_ptr, 0)
         return
-    driver.ctxSetCurrent(lc.context)  # the kernel belongs to its device's context
+    lc.set_context(lc.context)  # the kernel belongs to its device's context
     try:
         lc.launch_kernel(lc.function, *lc.dims, stream, _local.argv_ptr, 0)
     finally:
-        driver.ctxSetCurrent(current)
+        lc.set_context(current)

@@ -146,7 +146,7 @@ def rotate(q, k=None, *, in_place: bool, inverse: bool = False, tuning: Tuning |
                              layout=layout, rotary_dim=rotary_dim, base=base, inv_freq=inv_freq)
         entry = _remember(_ENTRIES, key, _Entry(p, tuning))
     p = entry.problem
-    if check_positions and not _capturing(q):
+    if check_positions and not (p.check_syncs and _capturing(q)):
         problem.check_contents(p, cos=cos, positions=positions, offsets=offsets,
                                cu_seqlens=cu_seqlens)
     call = _Call(p, q, cos=cos, sin=sin, positions=positions, offsets=offsets,
