@@ -20,12 +20,12 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 import torch
 
 from ports.fastrope import api, apply_rope, apply_rope_inplace, hf, launcher
+from ports.harness.timing import median_us
 from reference.eager import hf_apply_rotary_pos_emb
 from reference.tables import rope_tables
 from test_fastrope_ops import _Attention, _case_args, _grads, _matrix, _qkv
@@ -150,15 +150,8 @@ def test_the_op_path_matches_the_direct_path(monkeypatch, in_place):
 
 
 # ---- torch.compile -----------------------------------------------------------------------------
-def _per_call_ms(fn, calls=50) -> float:
-    for _ in range(5):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e3
+def _per_call_ms(fn) -> float:
+    return median_us(fn) / 1e3
 
 
 @pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
@@ -308,7 +301,7 @@ def test_patched_llama_matches_unpatched():
 
     def timed():
         result = _llama_step(model, ids)
-        return result, _per_call_ms(lambda: _llama_step(model, ids), calls=20)
+        return result, _per_call_ms(lambda: _llama_step(model, ids))
 
     unpatched, t_hf = timed()
     with hf.patch_llama() as patch:

@@ -17,8 +17,9 @@ The modules, in call order: api.py (the public functions), ops.py (the same as t
 to end, and its autograd), problem.py (the host checks), plan.py (the launch plan), launcher.py
 (the packed launch), kernel.py (rope.cu's instantiations); hf.py is a drop-in for Hugging Face
 transformers' ``apply_rotary_pos_emb``, ablation.py runs the kernel with one idea switched off,
-canonical.py holds the registry entries. DESIGN.md describes the kernel: its ideas and where each came from, the launch
-plan, the precision choices, the ablations and what was tried and dropped.
+canonical.py holds the registry entries. DESIGN.md describes the kernel: its ideas and where
+each came from, the launch plan, the precision choices, the ablations and what was tried and
+dropped.
 """
 from __future__ import annotations
 

@@ -40,6 +40,32 @@ def _op_arguments(*, cos, sin, positions, offsets, cu_seqlens, max_seqlen, style
             rotary_dim, float(base), inv_freq, check_positions)
 
 
+def _rope(q, k, in_place, cos, sin, positions, offsets, cu_seqlens, max_seqlen, style, layout,
+          rotary_dim, base, inv_freq, check_positions):
+    """Both public functions: the direct path when eager, else the ops."""
+    if _direct():
+        rotate = run.rotate_autograd if _records_grad(q, k) else run.rotate
+        return rotate(q, k, in_place=in_place, cos=cos, sin=sin, positions=positions,
+                      offsets=offsets, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                      style=style, layout=layout, rotary_dim=rotary_dim, base=base,
+                      inv_freq=inv_freq, check_positions=check_positions)
+    args = _op_arguments(cos=cos, sin=sin, positions=positions, offsets=offsets,
+                         cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style,
+                         layout=layout, rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
+                         check_positions=check_positions)
+    if not in_place:
+        outs = torch.ops.fastrope.rope(q, k, *args, False)
+        return outs[0] if k is None else (outs[0], outs[1])
+    if _records_grad(q, k):  # no autograd for a mutating custom op: rope, then copy_
+        outs = torch.ops.fastrope.rope(q, k, *args, False)
+        q.copy_(outs[0])
+        if k is not None:
+            k.copy_(outs[1])
+    else:
+        torch.ops.fastrope.rope_(q, k, *args)
+    return q if k is None else (q, k)
+
+
 def apply_rope(q, k=None, *, cos=None, sin=None, positions=None, offsets=None, cu_seqlens=None,
                max_seqlen=None, style="rotate_half", layout="bshd", rotary_dim=None,
                base=10000.0, inv_freq=None, check_positions=True):
@@ -79,18 +105,8 @@ def apply_rope(q, k=None, *, cos=None, sin=None, positions=None, offsets=None, c
     Autograd (from any thread), torch.compile (``fullgraph=True``) and CUDA-graph capture
     work; traced, the call is the op ``torch.ops.fastrope.rope`` (ops.py).
     """
-    if _direct():
-        rotate = run.rotate_autograd if _records_grad(q, k) else run.rotate
-        return rotate(q, k, in_place=False, cos=cos, sin=sin, positions=positions,
-                          offsets=offsets, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-                          style=style, layout=layout, rotary_dim=rotary_dim, base=base,
-                          inv_freq=inv_freq, check_positions=check_positions)
-    args = _op_arguments(cos=cos, sin=sin, positions=positions, offsets=offsets,
-                         cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style,
-                         layout=layout, rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
-                         check_positions=check_positions)
-    outs = torch.ops.fastrope.rope(q, k, *args, False)
-    return outs[0] if k is None else (outs[0], outs[1])
+    return _rope(q, k, False, cos, sin, positions, offsets, cu_seqlens, max_seqlen, style,
+                 layout, rotary_dim, base, inv_freq, check_positions)
 
 
 def apply_rope_inplace(q, k=None, *, cos=None, sin=None, positions=None, offsets=None,
@@ -102,21 +118,5 @@ def apply_rope_inplace(q, k=None, *, cos=None, sin=None, positions=None, offsets
     recorded, ``torch.ops.fastrope.rope`` and ``copy_`` into q and k (PyTorch has no autograd for
     a mutating custom op).
     """
-    if _direct():
-        rotate = run.rotate_autograd if _records_grad(q, k) else run.rotate
-        return rotate(q, k, in_place=True, cos=cos, sin=sin, positions=positions,
-                          offsets=offsets, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
-                          style=style, layout=layout, rotary_dim=rotary_dim, base=base,
-                          inv_freq=inv_freq, check_positions=check_positions)
-    args = _op_arguments(cos=cos, sin=sin, positions=positions, offsets=offsets,
-                         cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style,
-                         layout=layout, rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
-                         check_positions=check_positions)
-    if _records_grad(q, k):
-        outs = torch.ops.fastrope.rope(q, k, *args, False)
-        q.copy_(outs[0])
-        if k is not None:
-            k.copy_(outs[1])
-    else:
-        torch.ops.fastrope.rope_(q, k, *args)
-    return q if k is None else (q, k)
+    return _rope(q, k, True, cos, sin, positions, offsets, cu_seqlens, max_seqlen, style,
+                 layout, rotary_dim, base, inv_freq, check_positions)
