@@ -20,7 +20,7 @@ import torch
 
 from ports import registry
 from ports.harness.suites import get_suite
-from ports.fastrope import ablation, kernel, launcher, plan, problem
+from ports.fastrope import ablation, kernel, launcher, plan, problem, run
 from ports.fastrope import MODULE, apply_rope, apply_rope_inplace
 from ports.fastrope.ablation import Tuning
 from reference.case import RopeCase
@@ -364,6 +364,17 @@ def test_tunings_reach_the_launch(recorded_launches):
     recorded_launches.clear()
     apply_rope(q, k, **tables)
     assert [lc.plan for lc in recorded_launches] == [design.plan]
+
+
+def test_one_gradient_for_both_outputs_is_accepted(recorded_launches):
+    """autograd may hand the same tensor as dq and dk (backward([q_out, k_out], [g, g])): the
+    inverse rotation copies k's, where a forward call refuses q and k in one memory."""
+    g = fake(rand(2, 16, 4, 64))
+    tables = dict(cos=rand(16, 64), sin=rand(16, 64))
+    with pytest.raises(ValueError, match="same memory"):
+        run.rotate(g, g, in_place=False, **tables)
+    run.rotate(g, g, in_place=False, inverse=True, **tables)
+    assert len(recorded_launches) == 1
 
 
 @pytest.mark.parametrize("bad", [dict(flags=32), dict(flags=-1), dict(shape_rule="flat"),

@@ -135,6 +135,8 @@ def rotate(q, k=None, *, in_place: bool, inverse: bool = False, tuning: Tuning |
     plan. Returns q's output, or (q's, k's). The position check (``check_positions``) is skipped
     while the current stream is capturing a CUDA graph: it reads device memory on the host.
     """
+    if inverse and k is not None and k.numel() and k.data_ptr() == q.data_ptr():
+        k = k.clone()  # one gradient for both outputs; q and k must be distinct memory
     key = problem.input_key(q=q, k=k, cos=cos, sin=sin, positions=positions, offsets=offsets,
                             cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style,
                             layout=layout, rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
