@@ -11,6 +11,7 @@ registration, tracing and argument plumbing are tested without a device; the GPU
 """
 from __future__ import annotations
 
+import itertools
 import types
 
 import pytest
@@ -120,18 +121,20 @@ def test_fake_tensor_mode_goes_through_the_op():
 
 
 # ---- opcheck over the argument matrix -----------------------------------------------------------
-def _matrix():
+def _matrix(full: bool = False):
     """(style, layout, angle source, position form, rotary_dim, with k): every layout with every
     angle source (full tables, half tables, computed) and position form (arange, ids, offset
-    tensor, int offset); the styles and (full rotary with k, partial rotary q alone) alternate."""
+    tensor, int offset); both styles and both of (full rotary with k, partial rotary q alone)
+    for each (``full``), or alternating (a covering set, a quarter of the cases)."""
+    kinds = [(style, rot, with_k) for style in ("rotate_half", "interleaved")
+             for rot, with_k in ((16, True), (8, False))]
     cases = []
-    for layout in ("bshd", "sbhd", "bhsd", "thd"):
-        for source in ("tables", "half tables", "computed"):
-            for pos in ("arange", "ids", "offsets", "int"):
-                i = len(cases)
-                rot, with_k = ((16, True), (8, False))[i // 2 % 2]
-                cases.append((("rotate_half", "interleaved")[i % 2], layout, source, pos, rot,
-                              with_k))
+    for layout, source, pos in itertools.product(("bshd", "sbhd", "bhsd", "thd"),
+                                                 ("tables", "half tables", "computed"),
+                                                 ("arange", "ids", "offsets", "int")):
+        i = len(cases) if not full else None
+        for style, rot, with_k in kinds if full else [kinds[(i % 2) * 2 + i // 2 % 2]]:
+            cases.append((style, layout, source, pos, rot, with_k))
     return cases
 
 
@@ -341,6 +344,8 @@ def test_hf_drop_in_checks_its_arguments(change, match):
         hf.apply_rotary_pos_emb(**kw)
     with pytest.raises(TypeError, match="k must be a torch.Tensor"):
         hf.apply_rotary_pos_emb(q, None, cos, sin)
+    with pytest.raises(TypeError, match="pass unsqueeze_dim by keyword"):
+        hf.apply_rotary_pos_emb(q, k, cos, sin, 2)
 
 
 def test_patch_replaces_and_restores():

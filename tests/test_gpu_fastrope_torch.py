@@ -3,8 +3,8 @@ CUDA graphs and a Hugging Face Llama.
 
 * Threads: a backward with a dense gradient as the first CUDA work on autograd's thread (a fresh
   process), calls from a new thread with no current CUDA context, and a call on cuda:1.
-* ``torch.library.opcheck`` over the argument matrix of tests/test_fastrope_ops.py, with the
-  kernel.
+* ``torch.library.opcheck`` over the full argument matrix of tests/test_fastrope_ops.py, with
+  the kernel.
 * ``torch.compile(fullgraph=True, dynamic=True)`` of a small attention module: no graph break,
   one compile across sequence lengths, bit-exact against eager forward and backward.
 * A captured decode step (default arguments: the position check is skipped during the capture)
@@ -121,7 +121,7 @@ def test_call_on_a_second_gpu():
 
 
 # ---- opcheck -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("case", _matrix(), ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("case", _matrix(full=True), ids=lambda c: "-".join(map(str, c)))
 def test_opcheck_matrix(case):
     q, k, rest = _case_args(*case, device=DEV)
     q.requires_grad_(True)

@@ -29,7 +29,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
     sin ``[b or 1, s, d]``. ``position_ids`` is ignored, as in transformers (cos and sin already
     hold each token's row).
     """
-    del position_ids  # transformers ignores it too
+    if position_ids is not None and not isinstance(position_ids, torch.Tensor):
+        raise TypeError(f"position_ids must be a tensor or None (it is ignored), got "
+                        f"{type(position_ids).__name__}; pass unsqueeze_dim by keyword")
     layouts = {1: "bhsd", 2: "bshd"}
     if unsqueeze_dim not in layouts:
         raise ValueError(f"unsqueeze_dim must be 1 (q, k [b, h, s, d]) or 2 ([b, s, h, d]), got "
