@@ -65,8 +65,9 @@ print("backward ok")
 
 
 def test_dense_backward_as_the_first_work_on_autograds_thread():
-    """out.backward(randn_like(out)) in a fresh process (the call the issue saw fail with
-    CUDA_ERROR_INVALID_CONTEXT)."""
+    """out.backward(randn_like(out)) in a fresh process: the backward's launch is the first
+    CUDA work of autograd's thread, which has no current context (a launch without one fails
+    with CUDA_ERROR_INVALID_CONTEXT)."""
     done = subprocess.run([sys.executable, "-c", _FIRST_BACKWARD], cwd=ROOT, text=True,
                           capture_output=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=ROOT))
