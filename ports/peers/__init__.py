@@ -14,6 +14,15 @@ that API). A peer that cannot be imported stays in the registry; its rows say
   peer's time covers less than the ports' (every table and summary prints it under the table).
   Empty where the timed call does everything the ports do.
 
+Installing them: ``pip install -e ".[peers]"`` brings liger-kernel (a plain wheel). The others
+need more than a wheel: flash-attn builds a CUDA extension (``pip install flash-attn
+--no-build-isolation``), but its rotary is plain Triton, so this package loads
+``flash_attn/ops/triton/rotary.py`` from the installed package's folder, or from the file named
+by ``$ROPE_PORTS_FLASH_ATTN_ROTARY``, without the extension; FlashInfer (``pip install
+flashinfer-python``) compiles its kernels at first use (JIT, needs nvcc) and pulls large
+dependencies; TransformerEngine (``pip install transformer-engine[pytorch]``) and vLLM (``pip
+install vllm``) are large binary wheels pinned to torch and CUDA versions.
+
 User kernels (``compare.py --impl``, entry-point group ``rope_ports.impls``) are built by
 :mod:`ports.peers.user` as the same kind of spec.
 """

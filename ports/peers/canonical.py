@@ -103,12 +103,13 @@ def _token_positions(inputs: RopeInputs) -> torch.Tensor:
 
 def _in_place_call(case: RopeCase, inputs: RopeInputs, rotate):
     """``rotate(buffers)`` on copies of the case's tensors made here (forward); for backward,
-    autograd through ``rotate`` on copies (the peer writes into its leaves)."""
+    autograd through ``rotate`` of copies inside the graph (as a model hands a peer the output
+    of a projection, not a leaf, which autograd would not let it write)."""
     buffers = [x.clone() for x in inputs.xs]
     if case.direction == "forward":
         return lambda: tuple(rotate(buffers))
     leaves = [b.requires_grad_(True) for b in buffers]
-    outs = rotate(leaves)
+    outs = rotate([leaf.clone() for leaf in leaves])
     grads = [g.clone() for g in inputs.grads]
     return lambda: torch.autograd.grad(outs, leaves, grads, retain_graph=True)
 
@@ -140,7 +141,7 @@ def _prepare_liger(case: RopeCase, inputs: RopeInputs):
 def _flash_limits(case: RopeCase) -> str | None:
     if case.head_dim > 256:
         return f"head_dim {case.head_dim} > 256 (flash-attn asserts headdim <= 256)"
-    return _table_is_x_dtype(case)
+    return None
 
 
 def _prepare_flash_attn(inplace: bool):
@@ -319,7 +320,8 @@ def _specs() -> list[PeerSpec]:
             launch="grid (s / BLOCK_M, b, h): BLOCK_M tokens of one head per program",
             per_thread="a BLOCK_M x R/2 tile", access="strided Triton loads (any strides)",
             math="fp32 (x, cos, sin upcast)",
-            caller_work="half-width cos/sin [L, R/2] in x's dtype; one call per tensor")
+            caller_work="half-width cos/sin [L, R/2] (upcast to fp32 in the kernel); one call "
+                        "per tensor")
           for inplace in (False, True)),
         *flashinfer,
         PeerSpec(
