@@ -22,11 +22,11 @@ if TYPE_CHECKING:
     from ports._spec import ImplSpec
     from reference.case import RopeCase
 
-PACKAGES = ("eager", "leetcuda", "apex", "paddle", "oneflow", "te_triton", "batch_reuse", "kernl",
-            "fastrope", "peers")
+PACKAGES = ("eager", "leetcuda", "apex", "te", "paddle", "oneflow", "te_triton", "batch_reuse",
+            "kernl", "fastrope", "peers")
 # Every spec's family is one of these; fastrope-ablation's variants run only when named.
-FAMILIES = ("eager", "leetcuda", "apex", "paddle", "oneflow", "te_triton", "batch_reuse", "kernl",
-            "fastrope", "fastrope-ablation", "liger", "flash_attn", "flashinfer",
+FAMILIES = ("eager", "leetcuda", "apex", "te", "paddle", "oneflow", "te_triton", "batch_reuse",
+            "kernl", "fastrope", "fastrope-ablation", "liger", "flash_attn", "flashinfer",
             "transformer_engine", "vllm")
 USER_FAMILY = "user"  # the family of rows added by add() (compare.py --impl, entry points)
 PEERS_WORD = "peers"  # selects every spec of kind "peer": the libraries and the user's rows
@@ -114,8 +114,8 @@ def select(only: Iterable[str] | None = None, skip: Iterable[str] | None = None
            ) -> list[ImplSpec]:
     """Specs in registry order: those ``only`` selects (all if not given), minus those of ``skip``.
 
-    A word is a name, a family (``leetcuda``), a backend (``triton``: every Triton port) or
-    ``peers`` (every production peer and user row).
+    A word is a name, a family (``leetcuda``), a backend (``triton``: every Triton port; peers
+    are not ports) or ``peers`` (every production peer and user row).
     Ablations (kind ``ablation``) run only when named or their family is.
     """
     specs = _specs()
@@ -124,7 +124,7 @@ def select(only: Iterable[str] | None = None, skip: Iterable[str] | None = None
         out = set()
         for word in words:
             hits = [s.name for s in specs if word in (s.name, s.family)
-                    or (word == s.backend and s.kind != "ablation")
+                    or (word == s.backend and s.kind not in ("ablation", "peer"))
                     or (word == PEERS_WORD and s.kind == "peer")]
             if not hits:
                 raise KeyError(unknown_name(word))
