@@ -103,3 +103,15 @@ def test_registered_beside_the_te15_generation():
     assert "layout bhsd" in spec.unsupported_reason(RopeCase(2, 8, 2, 16, layout="bhsd"))
     thd = RopeCase(3, 8, 2, 16, layout="thd", seqlens=(8, 1, 5))
     assert registry.get("te.fused_rope_thd").unsupported_reason(thd) is None
+
+
+def test_claims_of_seeds_000_and_002_name_the_te_generation():
+    from ports.harness import claims
+
+    for generation, name in claims.TE_GENERATIONS.items():
+        assert registry.get(name).family in ("apex", "te")
+    rows = claims.unmeasured("no GPU")
+    for seed in ("000", "002"):
+        texts = [c.claim for c in rows if c.seed == seed]
+        assert any("TE 1.5 generation" in t for t in texts)
+        assert any("TE 2.x" in t for t in texts)
