@@ -11,7 +11,7 @@ case's tensors themselves.
 
 Tables. Where a peer takes tables, it gets the case's own (``inputs.cos``/``inputs.sin``, in the
 case's cos/sin dtype), reshaped once in ``prepare`` the way a model builds its cache once:
-half-width ``[L, R/2]`` for flash-attn, ``cos||sin`` ``[L, R]`` for vLLM and FlashInfer's cache
+half-width ``[L, R/2]`` for flash-attn, ``cat(cos, sin)`` ``[L, R]`` for vLLM and FlashInfer's cache
 form. TE takes fp32 angles (``freqs``), the case's ideal angles rounded to fp32. FlashInfer's
 ``apply_rope``/``apply_rope_pos_ids`` compute angles in the kernel from ``rope_theta``.
 """
@@ -267,15 +267,15 @@ def _specs() -> list[PeerSpec]:
         per_thread="vectorized chunk of the rotary dims", access="vector loads (last dim "
         "contiguous, token and head strides free)")
     flashinfer = []
-    for form, fn, positions, source, what in (
-            ("indptr", "apply_rope", frozenset({"arange", "offset"}), "computed",
+    for form, fn, short, positions, source, what in (
+            ("indptr", "apply_rope", "apply_rope", frozenset({"arange", "offset"}), "computed",
              "indptr (segments) + per-segment offsets"),
-            ("pos_ids", "apply_rope_pos_ids", all_positions, "computed",
+            ("pos_ids", "apply_rope_pos_ids", "pos_ids", all_positions, "computed",
              "per-token pos_ids"),
-            ("cache", "apply_rope_with_cos_sin_cache", all_positions, "tables",
-             "per-token positions + fp32 cos||sin cache")):
+            ("cache", "apply_rope_with_cos_sin_cache", "cos_sin_cache", all_positions, "tables",
+             "per-token positions + fp32 cat(cos, sin) cache")):
         for inplace in (False, True):
-            name = f"flashinfer.{fn}{'_inplace' if inplace else ''}"
+            name = f"flashinfer.{short}{'_inplace' if inplace else ''}"
             computed = source == "computed"
             flashinfer.append(PeerSpec(
                 name=name, upstream=f"flashinfer-ai/flashinfer: flashinfer/rope.py ({fn})",
@@ -286,9 +286,9 @@ def _specs() -> list[PeerSpec]:
                 angle_rel_err=ANGLE_REL_ERR_FAST_MATH if computed else 0.0,
                 **_guard(_flashinfer, _needs_k),
                 math=("fp32; angles from rope_theta with __powf/__sincosf fast intrinsics"
-                      if computed else "fp32; cos||sin cache (must be fp32)"),
+                      if computed else "fp32; cat(cos, sin) cache (must be fp32)"),
                 caller_work=("segment indptr and per-segment offsets (int32)" if form == "indptr"
-                             else "per-token positions" + (" and an fp32 cos||sin cache [L, R]"
+                             else "per-token positions" + (" and an fp32 cat(cos, sin) cache [L, R]"
                                                            if form == "cache" else "")),
                 **flashinfer_common))
     return [
@@ -342,15 +342,15 @@ def _specs() -> list[PeerSpec]:
             name="vllm.rotary_embedding", family="vllm", backend="torch", kind="peer",
             upstream="vllm-project/vllm: csrc/pos_encoding_kernels.cu (_custom_ops."
                      "rotary_embedding)",
-            summary="vLLM rotary_embedding custom op: per-token positions, cos||sin cache, in "
+            summary="vLLM rotary_embedding custom op: per-token positions, cat(cos, sin) cache, in "
                     "place",
             prepare=_prepare_vllm, styles=both, layouts=token_layouts, dtypes=KERNEL_DTYPES,
             partial=True, positions=all_positions, backward=False, tensors_per_launch=2,
             tolerance_steps=LOW_PRECISION_STEPS,
             **_guard(_vllm, _no_v, _table_is_x_dtype),
             launch="block per token, threads over (head, pair)", per_thread="one pair",
-            access="scalar loads", math="fp32 math on a cos||sin cache stored in x's dtype",
-            caller_work="per-token positions (int64) and a cos||sin cache [L, R] in x's dtype; "
+            access="scalar loads", math="fp32 math on a cat(cos, sin) cache stored in x's dtype",
+            caller_work="per-token positions (int64) and a cat(cos, sin) cache [L, R] in x's dtype; "
                         "in place"),
     ]
 
