@@ -31,6 +31,9 @@ FAMILIES = ("eager", "leetcuda", "apex", "te", "paddle", "oneflow", "te_triton",
 USER_FAMILY = "user"  # the family of rows added by add() (compare.py --impl, entry points)
 PEERS_WORD = "peers"  # selects every spec of kind "peer": the libraries and the user's rows
 BACKENDS = ("torch", "cupy", "triton")
+# Earlier names of rows, still accepted wherever a name is (results files and scripts hold them).
+ALIASES = {"triton.te_seed000": "triton.te_style", "triton.batch_reuse_seed002": "triton.batch_reuse",
+           "study": "fastrope", "study-ablation": "fastrope-ablation"}
 
 
 def _load() -> tuple[ImplSpec, ...]:
@@ -104,6 +107,7 @@ def unknown_name(word: str) -> str:
 
 def get(name: str) -> ImplSpec:
     """The spec called ``name``; an unknown name raises KeyError with the closest names."""
+    name = ALIASES.get(name, name)
     for spec in _specs():
         if spec.name == name:
             return spec
@@ -123,6 +127,7 @@ def select(only: Iterable[str] | None = None, skip: Iterable[str] | None = None
     def expand(words: Iterable[str]) -> set[str]:
         out = set()
         for word in words:
+            word = ALIASES.get(word, word)
             hits = [s.name for s in specs if word in (s.name, s.family)
                     or (word == s.backend and s.kind not in ("ablation", "peer"))
                     or (word == PEERS_WORD and s.kind == "peer")]

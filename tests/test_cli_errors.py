@@ -132,3 +132,10 @@ def test_cli_choices_match_the_vocabulary():
     assert cli.COS_SIN_DTYPES == vocabulary.COS_SIN_DTYPES
     assert cli.SUITES == tuple(suites.SUITES)
     assert not set(cli.MOVED_SUITES) & set(suites.SUITES)
+
+
+def test_earlier_suite_names_are_accepted():
+    from ports.harness import cli
+
+    for old, new in cli.SUITE_ALIASES.items():
+        assert cli.suite_name(old) == new

@@ -20,7 +20,7 @@ import torch
 
 from ports import registry
 from ports.harness.suites import get_suite
-from ports.fastrope import ablation, kernel, launcher, plan, problem
+from ports.fastrope import ablation, kernel, launcher, plan, problem, run
 from ports.fastrope import MODULE, apply_rope, apply_rope_inplace
 from ports.fastrope.ablation import Tuning
 from reference.case import RopeCase
@@ -30,6 +30,7 @@ ENTRY_IDS = ["apply_rope", "apply_rope_inplace"]
 FASTROPE_NAMES = {"fastrope.rope", "fastrope.rope_computed", "fastrope.rope_inplace"}
 CHOOSE = plan.choose  # the real planner and packer, kept before the no_launch fixture
 PREPARE = launcher.prepare  # replaces them
+LAUNCH = launcher.launch
 
 
 class FakeCuda(torch.Tensor):
@@ -339,7 +340,9 @@ def recorded_launches(monkeypatch):
     monkeypatch.setattr(plan, "sm_count", lambda index: 132)
     monkeypatch.setattr(launcher, "prepare", PREPARE)
     monkeypatch.setattr(kernel, "function_ptr", lambda device, name: 1)
-    monkeypatch.setattr(launcher, "_driver", lambda: types.SimpleNamespace(launchKernel=None))
+    monkeypatch.setattr(launcher, "_driver", lambda: types.SimpleNamespace(
+        launchKernel=None, ctxGetCurrent=None, ctxSetCurrent=None))
+    monkeypatch.setattr(launcher, "primary_context", lambda device: 0)
     monkeypatch.setattr(launcher, "launch", lambda lc, *pointers: launches.append(lc))
     return launches
 
@@ -362,6 +365,42 @@ def test_tunings_reach_the_launch(recorded_launches):
     recorded_launches.clear()
     apply_rope(q, k, **tables)
     assert [lc.plan for lc in recorded_launches] == [design.plan]
+
+
+@pytest.mark.parametrize("current", [7, 0, 9], ids=["its context", "none", "another"])
+def test_launch_makes_the_devices_context_current(monkeypatch, current):
+    """The launch runs in the device's primary context (7 here): switched to when the thread's
+    current context differs (none, or another device's), and switched back afterwards."""
+    calls = []
+    state = {"current": current}
+
+    def set_context(ctx):
+        calls.append(("set", ctx))
+        state["current"] = ctx
+
+    def launch_kernel(*args):
+        calls.append(("launch", state["current"]))
+
+    monkeypatch.setattr(launcher, "_current_raw_stream", lambda device: 0)
+    lc = launcher.Launch(1, (1, 1, 1), (1, 1, 1), 0, bytes(launcher._STATIC.size), 0, None,
+                         (1, 1, 1, 1, 1, 1, 0), 7, launch_kernel, lambda: state["current"],
+                         set_context)
+    LAUNCH(lc, *range(10))
+    if current == 7:
+        assert calls == [("launch", 7)]
+    else:
+        assert calls == [("set", 7), ("launch", 7), ("set", current)]
+
+
+def test_one_gradient_for_both_outputs_is_accepted(recorded_launches):
+    """autograd may hand the same tensor as dq and dk (backward([q_out, k_out], [g, g])): the
+    inverse rotation copies k's, where a forward call refuses q and k in one memory."""
+    g = fake(rand(2, 16, 4, 64))
+    tables = dict(cos=rand(16, 64), sin=rand(16, 64))
+    with pytest.raises(ValueError, match="same memory"):
+        run.rotate(g, g, in_place=False, **tables)
+    run.rotate(g, g, in_place=False, inverse=True, **tables)
+    assert len(recorded_launches) == 1
 
 
 @pytest.mark.parametrize("bad", [dict(flags=32), dict(flags=-1), dict(shape_rule="flat"),

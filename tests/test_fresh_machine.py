@@ -116,3 +116,36 @@ def test_readme_example_finishes_quickly_on_a_cpu(example, example_dir):
         said = proc.stderr.strip().splitlines()
         assert proc.returncode in (2, cli.EXIT_NEEDS_GPU) and len(said) == 1, proc.stderr
     assert seconds < EXAMPLE_SECONDS
+
+
+def file_map() -> str:
+    """The README's file map: the fenced block under its "## Files" heading."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Files"):]
+    return section.split("```")[1]
+
+
+def test_every_file_and_folder_is_in_the_readme_file_map():
+    proc = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip("not a git checkout: no list of tracked files to compare with")
+    listed = set(re.findall(r"[\w.\-]+/?", file_map()))
+    missing = set()
+    for path in proc.stdout.split():
+        parts = Path(path).parts
+        for i, part in enumerate(parts):
+            name = part + ("/" if i < len(parts) - 1 else "")
+            if name not in listed and f"{'/'.join(parts[:i + 1])}" not in file_map():
+                missing.add("/".join(parts[:i + 1]) + ("/" if i < len(parts) - 1 else ""))
+    assert not missing, f"not in README's file map: {sorted(missing)}"
+
+
+def test_the_readme_is_a_guide_not_a_notebook():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250
+    in_code = False
+    for line in lines:
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and not line.startswith("|"):
+            assert len(line) <= 120, line

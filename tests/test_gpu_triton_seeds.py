@@ -12,7 +12,7 @@ from reference.vocabulary import INT32_MAX
 
 pytestmark = pytest.mark.gpu
 
-TE, BR, KERNL = "triton.te_seed000", "triton.batch_reuse_seed002", "triton.kernl_rbe"
+TE, BR, KERNL = "triton.te_style", "triton.batch_reuse", "triton.kernl_rbe"
 CUDA = frozenset({"cuda"})
 
 

@@ -90,3 +90,9 @@ def test_cpu_references_cross_validate(case):
     for r in report.results:
         if r.status == "unsupported":
             assert r.reason  # every unsupported cell says why
+
+
+def test_earlier_row_names_still_select_their_rows():
+    for old, new in registry.ALIASES.items():
+        assert [s.name for s in registry.select([old])] == [s.name for s in registry.select([new])]
+    assert registry.get("triton.te_seed000").name == "triton.te_style"

@@ -15,7 +15,7 @@ from ports.harness.runner import run_case
 from reference.case import RopeCase, make_inputs
 from reference.expected import expected
 
-TE, BR, KERNL = "triton.te_seed000", "triton.batch_reuse_seed002", "triton.kernl_rbe"
+TE, BR, KERNL = "triton.te_style", "triton.batch_reuse", "triton.kernl_rbe"
 ROTATE_HALF = (TE, BR)
 
 pytestmark = pytest.mark.skipif(

@@ -18,7 +18,7 @@ def _prepare(case: RopeCase, inputs: RopeInputs) -> Prepared:
 
 
 SPECS = [
-    ImplSpec(name="triton.batch_reuse_seed002",
+    ImplSpec(name="triton.batch_reuse",
              launch='program per (s, h), loop over batch (constexpr)',
              per_thread='Triton: b x d/2 pairs per program', access='Triton-vectorized',
              math='fp32, cos/sin loaded once per (s, h)', family="batch_reuse", backend="triton",

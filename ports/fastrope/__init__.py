@@ -7,15 +7,19 @@ API::
                rotary_dim=None, base=10000.0, inv_freq=None, check_positions=True)
     apply_rope_inplace(q, k=None, **same)
 
-Both are autograd-aware (the backward is the same kernel rotating by -theta). ``apply_rope``
+Both are autograd-aware from any thread (the backward is the same kernel rotating by -theta),
+traced whole by ``torch.compile(fullgraph=True)`` and captured by CUDA graphs. ``apply_rope``
 returns new contiguous tensors (q's rotated, or ``(q, k)``); ``apply_rope_inplace`` rotates q
 (and k) in place and returns them. ``MODULE`` is rope.cu as a ``ports._cupy.CudaModule``.
 
-The modules, in call order: api.py (the functions and their autograd), problem.py (the host
-checks), plan.py (the launch plan), launcher.py (the packed launch), kernel.py (rope.cu's
-instantiations); ablation.py runs the kernel with one idea switched off, canonical.py holds the
-registry entries. DESIGN.md describes the kernel: its ideas and where each came from, the launch
-plan, the precision choices, the ablations and what was tried and dropped.
+The modules, in call order: api.py (the public functions), ops.py (the same as the custom ops
+``torch.ops.fastrope.rope`` and ``rope_``, for torch.compile and tracing), run.py (one call end
+to end, and its autograd), problem.py (the host checks), plan.py (the launch plan), launcher.py
+(the packed launch), kernel.py (rope.cu's instantiations); hf.py is a drop-in for Hugging Face
+transformers' ``apply_rotary_pos_emb``, ablation.py runs the kernel with one idea switched off,
+canonical.py holds the registry entries. DESIGN.md describes the kernel: its ideas and where
+each came from, the launch plan, the precision choices, the ablations and what was tried and
+dropped.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ports.fastrope import api
+from ports.fastrope import run
 from ports.fastrope.kernel import (ANGLE_FP32, BOTH_HALVES, DIVIDE, NO_CACHE_HINTS,
                                    RELOAD_TABLE)
 
@@ -53,12 +53,12 @@ DESIGN = Tuning()
 
 def apply_rope(q, k=None, *, tuning: Tuning, **kwargs):
     """``ports.fastrope.apply_rope(q, k, **kwargs)`` run with ``tuning``."""
-    return api.rotate(q, k, in_place=False, tuning=_checked(tuning), **kwargs)
+    return run.rotate_autograd(q, k, in_place=False, tuning=_checked(tuning), **kwargs)
 
 
 def apply_rope_inplace(q, k=None, *, tuning: Tuning, **kwargs):
     """``ports.fastrope.apply_rope_inplace(q, k, **kwargs)`` run with ``tuning``."""
-    return api.rotate(q, k, in_place=True, tuning=_checked(tuning), **kwargs)
+    return run.rotate_autograd(q, k, in_place=True, tuning=_checked(tuning), **kwargs)
 
 
 def _checked(tuning) -> Tuning:

@@ -1,201 +1,69 @@
-"""``apply_rope`` and ``apply_rope_inplace``: the public API and its autograd.
+"""``apply_rope`` and ``apply_rope_inplace``: the public API.
 
-A call is validated on the host (problem.py), planned and packed (plan.py, launcher.py), both
-cached by input geometry, then launched once for q and k together. :func:`rotate` is that path;
-the public functions are it with the design's tuning, ablation.py with another one.
+An eager call (no torch.compile trace, no dispatch mode such as FakeTensorMode) runs the
+implementation directly: :func:`run.rotate`, or :func:`run.rotate_autograd` when a gradient is
+recorded. Going through the dispatcher would cost several times the call's own host time (the
+custom op's Python autograd most of all). Every other call goes through the registered ops
+(ops.py), which is what torch.compile, export and tracing see; their autograd is the one
+registered with them. Both paths launch the same kernel with the same plan.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 
-from ports import _alloc
-from ports.fastrope import launcher, plan, problem
-from ports.fastrope.problem import Problem
-
-if TYPE_CHECKING:
-    from ports.fastrope.ablation import Tuning
+from ports.fastrope import ops, run
 
 
-@dataclass(eq=False)  # compared and hashed by identity: one per input key
-class _Entry:
-    """A validated problem, the tuning it runs with (None: the design) and its forward launches
-    (planned by the first call, which has the real outputs)."""
-
-    problem: Problem
-    tuning: Tuning | None
-    launches: list | None = None
+def _direct() -> bool:
+    """Whether the call can skip the dispatcher: eager, with no dispatch mode to see the op."""
+    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack())
 
 
-# Entries by input key; backward launches by (entry, gradients' geometry, tables' alignment).
-_ENTRIES: dict = {}
-_BACKWARD: dict = {}
-_CACHE_LIMIT = 1024
+def _records_grad(q, k) -> bool:
+    return torch.is_grad_enabled() and (getattr(q, "requires_grad", False)
+                                        or getattr(k, "requires_grad", False))
 
 
-def _remember(cache: dict, key, value):
-    """Store ``value`` under ``key`` (None: not cacheable), emptying a full cache first."""
-    if key is not None:
-        if len(cache) >= _CACHE_LIMIT:
-            cache.clear()
-        cache[key] = value
-    return value
+def _op_arguments(*, cos, sin, positions, offsets, cu_seqlens, max_seqlen, style, layout,
+                  rotary_dim, base, inv_freq, check_positions) -> tuple:
+    """The public arguments after q and k, as the ops take them (``offsets`` split into a
+    tensor and an int)."""
+    offset = 0
+    if offsets is not None and not isinstance(offsets, torch.Tensor):
+        if not isinstance(offsets, int) or isinstance(offsets, bool):
+            raise TypeError(f"offsets must be an int or an int tensor, got "
+                            f"{type(offsets).__name__}")
+        offsets, offset = None, offsets
+    if isinstance(base, bool) or not isinstance(base, (int, float)):
+        raise TypeError(f"base must be a number, got {type(base).__name__}")
+    return (cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, style, layout,
+            rotary_dim, float(base), inv_freq, check_positions)
 
 
-def _launches(entry: _Entry, xs, outs, *, in_place: bool, backward: bool, cos, sin):
-    """The launches for tensors ``xs`` (q, k) writing ``outs``: one, or one per tensor; each a
-    ``(Launch, indices of xs)`` pair. Empty tensors are left out."""
-    p, tuning = entry.problem, entry.tuning
-    operands = []
-    for x, out in zip(xs, outs):
-        heads = problem.heads(x, p.layout)
-        operands.append(plan.Operand(x, out, heads, problem.strides(x, p.layout),
-                                     problem.strides(out, p.layout))
-                        if heads and x.numel() else None)
-    live = [i for i, op in enumerate(operands) if op is not None]
-    separate = tuning is not None and tuning.separate_launches
-    groups = [[i] for i in live] if separate else ([live] if live else [])
-    options = tuning.plan_options() if tuning is not None else {}
-    result = []
-    for group in groups:
-        ops = [operands[i] for i in group]
-        chosen = plan.choose(
-            operands=ops, batch=p.batch, seqlen=p.seqlen, head_dim=p.head_dim,
-            rotary_dim=p.rotary_dim, interleaved=p.interleaved,
-            tables=None if p.computed else (cos, sin, p.half_table),
-            computed=p.computed, in_place=in_place, **options)
-        lc = launcher.prepare(chosen, ops, seqlen=p.seqlen, half=p.rotary_dim // 2,
-                              half_table=p.half_table, table_rows=p.table_rows,
-                              table_stride=p.table_stride, pos_mode=p.pos_mode,
-                              pos_strides=p.pos_strides, pos_int32=p.pos_int32, nseq=p.nseq,
-                              backward=backward)
-        result.append((lc, tuple(group)))
-    return result
-
-
-class _Call:
-    """The per-call tensors and scalars of a validated problem (what the launch points at)."""
-
-    __slots__ = ("cos", "cu_seqlens", "inv_freq", "pos_add", "positions", "sin")
-
-    def __init__(self, p: Problem, q, *, cos, sin, positions, offsets, cu_seqlens, inv_freq):
-        if p.tables_need_copy:
-            cos, sin = cos.contiguous(), sin.contiguous()
-        self.cos, self.sin = cos, sin
-        self.inv_freq = None
-        if p.computed:
-            self.inv_freq = p.default_inv_freq if inv_freq is None else \
-                inv_freq.to(device=q.device, dtype=torch.float64).contiguous()
-        self.positions = positions if positions is not None else (
-            offsets if isinstance(offsets, torch.Tensor) else None)
-        self.cu_seqlens = cu_seqlens
-        self.pos_add = offsets if isinstance(offsets, int) else 0
-
-
-def _ptr(t) -> int:
-    return 0 if t is None else t.data_ptr()
-
-
-def _execute(launches, c: _Call, xs, outs) -> None:
-    cos, sin, inv = _ptr(c.cos), _ptr(c.sin), _ptr(c.inv_freq)
-    pos, cu = _ptr(c.positions), _ptr(c.cu_seqlens)
-    for lc, group in launches:
-        a = group[0]
-        b = group[1] if len(group) > 1 else None
-        launcher.launch(lc, xs[a].data_ptr(), 0 if b is None else xs[b].data_ptr(),
-                        outs[a].data_ptr(), 0 if b is None else outs[b].data_ptr(),
-                        cos, sin, inv, pos, cu, c.pos_add)
-
-
-def _new_outputs(xs):
-    """Contiguous outputs like xs (NaN under ``ports._alloc.poisoned()``, to prove every element
-    is written)."""
-    outs = [torch.empty_like(x, memory_format=torch.contiguous_format) for x in xs]
-    if _alloc.poisoning():
-        for out in outs:
-            out.fill_(float("nan"))
-    return outs
-
-
-def _backward(ctx, grads):
-    """The gradients of q and k: the same kernel rotating dy by -theta (the transpose)."""
-    entry, c = ctx.entry, ctx.call
-    gs = [g if g.stride(-1) == 1 else g.contiguous() for g in grads]  # broadcast dy: dense
-    outs = _new_outputs(gs)
-    key = (entry, tuple((g.dtype, g.shape, g.stride(), g.data_ptr() & 15) for g in gs),
-           (_ptr(c.cos) | _ptr(c.sin)) & 15)
-    launches = _BACKWARD.get(key)
-    if launches is None:
-        launches = _remember(_BACKWARD, key, _launches(entry, gs, outs, in_place=False,
-                                                       backward=True, cos=c.cos, sin=c.sin))
-    _execute(launches, c, gs, outs)
-    return None, None, None, None, outs[0], (outs[1] if len(outs) > 1 else None)
-
-
-class _Rope(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, entry, call, launches, outs, q, k):
-        ctx.entry, ctx.call = entry, call
-        xs = [q] if k is None else [q, k]
-        outs = outs or _new_outputs(xs)
-        _execute(launches, call, xs, outs)
-        return tuple(outs) if k is not None else outs[0]
-
-    @staticmethod
-    def backward(ctx, *grads):
-        return _backward(ctx, grads)
-
-
-class _RopeInplace(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, entry, call, launches, outs, q, k):
-        ctx.entry, ctx.call = entry, call
-        xs = [q] if k is None else [q, k]
-        _execute(launches, call, xs, xs)
-        ctx.mark_dirty(*xs)
-        return tuple(xs) if k is not None else q
-
-    @staticmethod
-    def backward(ctx, *grads):
-        return _backward(ctx, grads)
-
-
-def rotate(q, k=None, *, in_place: bool, tuning: Tuning | None = None, cos=None, sin=None,
-           positions=None, offsets=None, cu_seqlens=None, max_seqlen=None, style="rotate_half",
-           layout="bshd", rotary_dim=None, base=10000.0, inv_freq=None, check_positions=True):
-    """:func:`apply_rope` (``in_place=False``) or :func:`apply_rope_inplace` (``in_place=True``)
-    with the launch plan changed by ``tuning`` (an ``ablation.Tuning``; None: the design)."""
-    key = problem.input_key(q=q, k=k, cos=cos, sin=sin, positions=positions, offsets=offsets,
-                            cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style,
-                            layout=layout, rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
-                            extra=(tuning, in_place))
-    entry = _ENTRIES.get(key) if key is not None else None
-    if entry is None:
-        p = problem.validate(q=q, k=k, cos=cos, sin=sin, positions=positions, offsets=offsets,
-                             cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style,
-                             layout=layout, rotary_dim=rotary_dim, base=base, inv_freq=inv_freq)
-        entry = _remember(_ENTRIES, key, _Entry(p, tuning))
-    p = entry.problem
-    if check_positions:
-        problem.check_contents(p, cos=cos, positions=positions, offsets=offsets,
-                               cu_seqlens=cu_seqlens)
-    call = _Call(p, q, cos=cos, sin=sin, positions=positions, offsets=offsets,
-                 cu_seqlens=cu_seqlens, inv_freq=inv_freq)
-    xs = [q] if k is None else [q, k]
-    outs = None
-    launches = entry.launches
-    if launches is None:  # first call of this geometry: plan with the real outputs
-        outs = xs if in_place else _new_outputs(xs)
-        launches = entry.launches = _launches(entry, xs, outs, in_place=in_place,
-                                              backward=False, cos=call.cos, sin=call.sin)
-    if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
-        return (_RopeInplace if in_place else _Rope).apply(entry, call, launches, outs, q, k)
-    if outs is None:
-        outs = xs if in_place else _new_outputs(xs)
-    _execute(launches, call, xs, outs)
-    return outs[0] if k is None else tuple(outs)
+def _rope(q, k, in_place, cos, sin, positions, offsets, cu_seqlens, max_seqlen, style, layout,
+          rotary_dim, base, inv_freq, check_positions):
+    """Both public functions: the direct path when eager, else the ops."""
+    if _direct():
+        rotate = run.rotate_autograd if _records_grad(q, k) else run.rotate
+        return rotate(q, k, in_place=in_place, cos=cos, sin=sin, positions=positions,
+                      offsets=offsets, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen,
+                      style=style, layout=layout, rotary_dim=rotary_dim, base=base,
+                      inv_freq=inv_freq, check_positions=check_positions)
+    args = _op_arguments(cos=cos, sin=sin, positions=positions, offsets=offsets,
+                         cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style,
+                         layout=layout, rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
+                         check_positions=check_positions)
+    if not in_place:
+        outs = torch.ops.fastrope.rope(q, k, *args, False)
+        return outs[0] if k is None else (outs[0], outs[1])
+    if _records_grad(q, k):  # no autograd for a mutating custom op: rope, then copy_
+        outs = torch.ops.fastrope.rope(q, k, *args, False)
+        q.copy_(outs[0])
+        if k is not None:
+            k.copy_(outs[1])
+    else:
+        torch.ops.fastrope.rope_(q, k, *args)
+    return q if k is None else (q, k)
 
 
 def apply_rope(q, k=None, *, cos=None, sin=None, positions=None, offsets=None, cu_seqlens=None,
@@ -230,19 +98,25 @@ def apply_rope(q, k=None, *, cos=None, sin=None, positions=None, offsets=None, c
     check_positions
         Check on the host that every position indexes a table row (and that cu_seqlens is
         well formed). Ids and offset tensors cost one device sync; pass False when they are known
-        good (the kernel clamps rows, so a bad position is wrong, never out of bounds).
+        good (the kernel clamps rows, so a bad position is wrong, never out of bounds). The check
+        is skipped while the current stream captures a CUDA graph (a capture allows no sync):
+        check the positions before capturing, or trust them.
+
+    Autograd (from any thread), torch.compile (``fullgraph=True``) and CUDA-graph capture
+    work; traced, the call is the op ``torch.ops.fastrope.rope`` (ops.py).
     """
-    return rotate(q, k, in_place=False, cos=cos, sin=sin, positions=positions, offsets=offsets,
-                  cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style, layout=layout,
-                  rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
-                  check_positions=check_positions)
+    return _rope(q, k, False, cos, sin, positions, offsets, cu_seqlens, max_seqlen, style,
+                 layout, rotary_dim, base, inv_freq, check_positions)
 
 
 def apply_rope_inplace(q, k=None, *, cos=None, sin=None, positions=None, offsets=None,
                        cu_seqlens=None, max_seqlen=None, style="rotate_half", layout="bshd",
                        rotary_dim=None, base=10000.0, inv_freq=None, check_positions=True):
-    """As :func:`apply_rope`, rotating q (and k) in place; returns them."""
-    return rotate(q, k, in_place=True, cos=cos, sin=sin, positions=positions, offsets=offsets,
-                  cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style, layout=layout,
-                  rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
-                  check_positions=check_positions)
+    """As :func:`apply_rope`, rotating q (and k) in place; returns them.
+
+    Traced, the call is the mutating op ``torch.ops.fastrope.rope_``, or, when a gradient is
+    recorded, ``torch.ops.fastrope.rope`` and ``copy_`` into q and k (PyTorch has no autograd for
+    a mutating custom op).
+    """
+    return _rope(q, k, True, cos, sin, positions, offsets, cu_seqlens, max_seqlen, style,
+                 layout, rotary_dim, base, inv_freq, check_positions)

@@ -5,6 +5,11 @@ the plan's fields) once per input geometry into a :class:`Launch`; :func:`launch
 per-call part (pointers and the scalar position offset) with :mod:`struct` into a per-thread
 buffer and calls ``cuLaunchKernel`` on torch's current stream: one C call instead of CuPy's
 per-argument conversion, which is most of a RawKernel's host time.
+
+A driver launch runs in the calling thread's current CUDA context, and a thread that has made no
+CUDA call yet (autograd's backward thread, a user's worker thread) has none. :func:`launch`
+makes the tensor's device's primary context (the one torch's runtime uses) current when it is
+not, and restores the thread's context after the launch.
 """
 from __future__ import annotations
 
@@ -52,8 +57,10 @@ class Launch:
     device: int
     plan: Plan
     dims: tuple[int, ...]  # grid, block and shared memory, as cuLaunchKernel takes them
-    single_device: bool    # the only visible GPU: no need to check the current device
-    launch_kernel: Callable  # CuPy's binding of cuLaunchKernel
+    context: int           # the device's primary context (CUcontext)
+    launch_kernel: Callable  # CuPy's bindings of cuLaunchKernel, cuCtxGetCurrent, cuCtxSetCurrent
+    current_context: Callable
+    set_context: Callable
 
 
 def prepare(p: Plan, operands: list[Operand], *, seqlen: int, half: int, half_table: bool,
@@ -72,9 +79,24 @@ def prepare(p: Plan, operands: list[Operand], *, seqlen: int, half: int, half_ta
         p.heads_per_split, pos_mode, int(pos_int32), int(half_table), half, int(backward),
         p.fold, 0)
     device = q.src.get_device()
+    driver = _driver()
     return Launch(kernel.function_ptr(device, p.kernel), p.grid, p.block, p.shared_mem, static,
-                  device, p, (*p.grid, *p.block, p.shared_mem),
-                  torch.cuda.device_count() == 1, _driver().launchKernel)
+                  device, p, (*p.grid, *p.block, p.shared_mem), primary_context(device),
+                  driver.launchKernel, driver.ctxGetCurrent, driver.ctxSetCurrent)
+
+
+@functools.cache
+def primary_context(device: int) -> int:
+    """Device ``device``'s primary context, retained once per process (as torch retains it)."""
+    _driver()  # CuPy, and with it an initialised driver
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    handle, context = ctypes.c_int(), ctypes.c_void_p()
+    for name, args in (("cuDeviceGet", (ctypes.byref(handle), device)),
+                       ("cuDevicePrimaryCtxRetain", (ctypes.byref(context), handle))):
+        status = getattr(libcuda, name)(*args)
+        if status:
+            raise RuntimeError(f"{name} failed for cuda:{device} (CUresult {status})")
+    return context.value
 
 
 _local = threading.local()
@@ -102,10 +124,13 @@ def launch(lc: Launch, q_in: int, k_in: int, q_out: int, k_out: int, cos: int, s
     if _local.static is not lc.static:
         buf[_DYNAMIC.size:PARAMS_SIZE] = lc.static
         _local.static = lc.static
-    device = lc.device
-    stream = _current_raw_stream(device)
-    if lc.single_device or torch.cuda.current_device() == device:
+    stream = _current_raw_stream(lc.device)
+    current = lc.current_context()
+    if current == lc.context:
         lc.launch_kernel(lc.function, *lc.dims, stream, _local.argv_ptr, 0)
-    else:  # the kernel belongs to that device's context
-        with torch.cuda.device(device):
-            lc.launch_kernel(lc.function, *lc.dims, stream, _local.argv_ptr, 0)
+        return
+    lc.set_context(lc.context)  # the kernel belongs to its device's context
+    try:
+        lc.launch_kernel(lc.function, *lc.dims, stream, _local.argv_ptr, 0)
+    finally:
+        lc.set_context(current)

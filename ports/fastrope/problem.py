@@ -46,6 +46,12 @@ class Problem:
     nseq: int                  # thd: sequences in cu_seqlens; else 0
     max_seqlen: int | None
 
+    @property
+    def check_syncs(self) -> bool:
+        """Whether :func:`check_contents` may read device memory (cu_seqlens, ids or an offsets
+        tensor), which a CUDA-graph capture does not allow."""
+        return self.layout == "thd" or self.pos_mode != POSITIONS_ARANGE
+
 
 def strides(x: torch.Tensor, layout: str) -> tuple[int, int, int]:
     """x's (batch, sequence, head) element strides in ``layout`` (thd: batch stride 0)."""

@@ -80,7 +80,7 @@ def seed000() -> list[Claim]:
     return [_ratio_claim(
         "000", "TE-style Triton vs TE's CUDA fused RoPE, sbhd [s, 2, 64, 256] fp16, s = 1024..8192: "
         "the seed's table gives Triton 1.48-1.51x CUDA on its metric (12*size/ms, higher is "
-        f"faster; GPU not stated); against {generation}", cases(), cuda, "triton.te_seed000",
+        f"faster; GPU not stated); against {generation}", cases(), cuda, "triton.te_style",
         1.48, 1.51) for generation, cuda in TE_GENERATIONS.items()]
 
 
@@ -107,7 +107,7 @@ def seed002() -> list[Claim]:
             out.append(_ratio_claim(
                 "002", f"batch-reuse Triton is +{round((gain - 1) * 100)}% over TE's CUDA kernel "
                 f"at batch {batch} (h 64, d 128, converged at long seq; RTX 2070 Super); against "
-                f"{generation}", chosen, cuda, "triton.batch_reuse_seed002", gain))
+                f"{generation}", chosen, cuda, "triton.batch_reuse", gain))
     return out
 
 

@@ -37,9 +37,12 @@ LAYOUTS = ("sbhd", "bshd", "bhsd", "thd")
 DTYPES = ("fp32", "fp16", "bf16", "fp64")
 COS_SIN_DTYPES = ("fp32", "fp64", "same")
 POSITION_KINDS = ("arange", "offset", "ids")
-SUITES = ("smoke", "crossval", "seed001", "decode", "anchors", "prefill", "qkv", "partial",
-          "interleaved", "positions", "varlen", "gqa", "long", "apex", "ablation", "peers", "seed000",
-          "seed002", "seed002_full")
+SUITES = ("smoke", "crossval", "leetcuda_table", "decode", "anchors", "prefill", "qkv", "partial",
+          "interleaved", "positions", "varlen", "gqa", "long", "apex", "ablation", "peers",
+          "te_sweep", "batch_reuse_sweep", "batch_reuse_sweep_full")
+# Earlier suite names (named after the seed documents they come from), still accepted.
+SUITE_ALIASES = {"seed000": "te_sweep", "seed001": "leetcuda_table", "seed002": "batch_reuse_sweep",
+                 "seed002_full": "batch_reuse_sweep_full"}
 MOVED_SUITES = {"seed004": "seed 004's RMSNorm + matmul + RoPE experiments are not RoPE cases: "
                            "run python tools/seed004_pipeline.py"}
 # The modes besides "run" (--shape/--suite, the default), each with the options it reads; an
@@ -83,6 +86,7 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
 
 
 def suite_name(text: str) -> str:
+    text = SUITE_ALIASES.get(text, text)
     if text in MOVED_SUITES:
         raise argparse.ArgumentTypeError(MOVED_SUITES[text])
     if text not in SUITES:

@@ -59,6 +59,23 @@ def measure() -> dict[str, float]:
     results["fastrope.apply_rope_inplace(q, k, computed angles)"] = _per_call_us(
         lambda: fastrope.apply_rope_inplace(q, k))
 
+    # The registered op through the dispatcher, and the per-call cost under torch.compile.
+    op_args = (None, cos, sin, None, None, 0, None, None, "rotate_half", "bshd", None, 10000.0,
+               None, True)
+    results["torch.ops.fastrope.rope_(q, ...) (the op, eager dispatch)"] = _per_call_us(
+        lambda: torch.ops.fastrope.rope_(q, *op_args))
+    compiled_inplace = torch.compile(lambda t: fastrope.apply_rope_inplace(t, cos=cos, sin=sin),
+                                     fullgraph=True)
+    results["compiled fastrope.apply_rope_inplace(q, cos=, sin=) (fullgraph)"] = _per_call_us(
+        lambda: compiled_inplace(q))
+    compiled_rope = torch.compile(lambda t: fastrope.apply_rope(t, cos=cos, sin=sin),
+                                  fullgraph=True)
+    results["compiled fastrope.apply_rope(q, cos=, sin=) (fullgraph)"] = _per_call_us(
+        lambda: compiled_rope(q))
+    compiled_add = torch.compile(lambda t: t.add_(0), fullgraph=True)
+    results["(compiled t.add_(0) alone: a compiled call's own cost)"] = _per_call_us(
+        lambda: compiled_add(q))
+
     from ports.harness.timing import median_us
 
     results["(GPU time of one launch)"] = median_us(lambda: leetcuda.rope_f32(x, out))

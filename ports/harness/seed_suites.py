@@ -28,7 +28,7 @@ def seed000(head_dim: int = 256) -> list[RopeCase]:
     point has its own sequence length and GB/s is the harness's (read + write of x).
     """
     return [RopeCase(2, s, 64, head_dim, layout="sbhd", dtype="fp16",
-                     label=f"seed000 s={s}") for s in SEED000_SEQS]
+                     label=f"te sweep s={s}") for s in SEED000_SEQS]
 
 
 def seed002(points: int | Sequence[int] = 512) -> list[RopeCase]:
@@ -49,7 +49,7 @@ def seed002(points: int | Sequence[int] = 512) -> list[RopeCase]:
         seqs = [int(s) for s in points]
         if not seqs or any(s < 1 for s in seqs):
             raise ValueError(f"points must be positive seq_lens, got {points!r}")
-    return [RopeCase(b, s, 64, 128, layout="sbhd", dtype="fp32", label=f"seed002 b={b} s={s}")
+    return [RopeCase(b, s, 64, 128, layout="sbhd", dtype="fp32", label=f"batch-reuse sweep b={b} s={s}")
             for b in SEED002_BATCHES for s in seqs]
 
 
@@ -59,7 +59,7 @@ def seed002_full() -> list[RopeCase]:
 
 
 SEED_SUITES: dict[str, Callable[[], list[RopeCase]]] = {
-    "seed000": seed000,
-    "seed002": seed002,
-    "seed002_full": seed002_full,
+    "te_sweep": seed000,
+    "batch_reuse_sweep": seed002,
+    "batch_reuse_sweep_full": seed002_full,
 }

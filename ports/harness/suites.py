@@ -55,7 +55,7 @@ def crossval() -> list[RopeCase]:
 
 def seed001() -> list[RopeCase]:
     """Seed 001's table: x[M, N] fp32, interleaved, M in {4096, 8192}, N in {512, 1024}."""
-    return [RopeCase(1, m, 1, n, style="interleaved", label=f"seed001 M={m} N={n}")
+    return [RopeCase(1, m, 1, n, style="interleaved", label=f"leetcuda table M={m} N={n}")
             for m in (4096, 8192) for n in (512, 1024)]
 
 
@@ -186,7 +186,7 @@ GRAPH_SUITES = ("peers",)
 SUITES: dict[str, Callable[[], list[RopeCase]]] = {
     "smoke": smoke,
     "crossval": crossval,
-    "seed001": seed001,
+    "leetcuda_table": seed001,
     "decode": decode,
     "anchors": anchors,
     "prefill": prefill,

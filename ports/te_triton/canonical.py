@@ -34,7 +34,7 @@ def _prepare(case: RopeCase, inputs: RopeInputs) -> Prepared:
 
 
 SPECS = [
-    ImplSpec(name="triton.te_seed000",
+    ImplSpec(name="triton.te_style",
              launch='program per (s, b, h) row', per_thread='Triton: d/2 pairs per program',
              access='Triton-vectorized (two half-row loads)',
              math='fp32, sin/cos of fp32 freqs in kernel', family="te_triton", backend="triton",
