@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ports._spec import ImplSpec
     from reference.case import RopeCase
 
-PACKAGES = ("eager", "leetcuda", "apex", "te", "paddle", "oneflow", "te_triton", "batch_reuse",
+PACKAGES = ("eager", "te", "leetcuda", "apex", "paddle", "oneflow", "te_triton", "batch_reuse",
             "kernl", "fastrope", "peers")
 # Every spec's family is one of these; fastrope-ablation's variants run only when named.
 FAMILIES = ("eager", "leetcuda", "apex", "te", "paddle", "oneflow", "te_triton", "batch_reuse",

@@ -303,13 +303,16 @@ def test_not_installed_rows_say_how_to_install(monkeypatch):
     canonical._available.cache_clear()
     try:
         case = RopeCase(2, 12, 4, 32, dtype="bf16", kv_heads=2, cos_sin_dtype="same")
-        liger = registry.get("liger.rope").unsupported_reason(case, "cuda")
-        vllm = registry.get("vllm.rotary_embedding").unsupported_reason(case, "cuda")
+        specs = [_on_cpu(registry.get(n)) for n in ("liger.rope", "vllm.rotary_embedding")]
+        rep = run_case(case, specs, targets=frozenset({"cpu"}), device=CPU, timing_on=False)
+        liger, vllm = (r.reason for r in rep.results)
         assert liger.startswith("not installed: pip install liger-kernel")
         assert vllm.startswith("not installed: pip install vllm")
+        assert all(r.status == "unsupported" for r in rep.results)
         # A design limit is named before the missing library.
-        mha = case.replace(kv_heads=None)
-        assert "needs a k" in registry.get("liger.rope").unsupported_reason(mha, "cuda")
+        rep = run_case(case.replace(kv_heads=None), specs[:1], targets=frozenset({"cpu"}),
+                       device=CPU, timing_on=False)
+        assert "needs a k" in rep.results[0].reason
     finally:
         canonical._available.cache_clear()
 

@@ -137,6 +137,6 @@ def test_entry_points_add_rows(clean_registry, monkeypatch):
 
 def test_list_names_the_user_row_and_the_peers_that_cannot_run(clean_registry, capsys):
     assert cli.main(["--list", "--impl", "examples.my_rope:rope_half"]) == 0
-    text = capsys.readouterr().out
-    assert re.search(r"user\.rope_half", text)
-    assert "liger.rope: not installed: pip install liger-kernel" in text
+    out, err = capsys.readouterr()
+    assert re.search(r"user\.rope_half", out)
+    assert "liger.rope: not installed: pip install liger-kernel" in err

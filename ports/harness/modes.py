@@ -103,8 +103,8 @@ def list_mode(args) -> int:
     else:
         print(report.registry_table(specs, verbose=args.verbose))
         missing = report.availability_lines(specs)
-        if missing:
-            print("\nPeers that cannot run here (their rows say why):\n" + "\n".join(missing))
+        if missing:  # on stderr: stdout stays the table
+            print("Peers that cannot run here:\n" + "\n".join(missing), file=sys.stderr)
     return 0
 
 

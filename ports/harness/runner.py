@@ -183,6 +183,8 @@ def run_case(case: RopeCase, specs: Sequence[ImplSpec], *, seed: int = 0,
 
 def _run_one(case, spec, inputs, targets, timing_on, graph) -> Result:
     reason = spec.unsupported_reason(case, targets)
+    if reason is None and getattr(spec, "missing", None) is not None:
+        reason = spec.missing()  # a peer whose library is not installed here
     if reason is not None:
         return Result(spec.name, spec.family, spec.kind, "unsupported", reason)
     snapshot = [x.clone() for x in inputs.xs]

@@ -4,7 +4,7 @@ A peer is a library a user would deploy instead of writing a kernel: Liger-Kerne
 Triton rotary, FlashInfer, TransformerEngine and vLLM. Nothing here is ported: each spec calls the
 installed library through its own public entry point (``canonical.py`` maps the canonical case to
 that API). A peer that cannot be imported stays in the registry; its rows say
-``not installed: pip install X`` and nothing fails.
+``not installed: pip install X`` (the runner asks the spec's ``missing()``) and nothing fails.
 
 :class:`PeerSpec` adds two statements to an :class:`~ports._spec.ImplSpec`:
 

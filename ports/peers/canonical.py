@@ -1,8 +1,9 @@
 """The peers as registry entries: each maps a canonical case to the library's own public API.
 
-Every peer is imported on first use (``prepare``), so the registry loads without them; the
-``check`` of each spec returns ``not installed: pip install X`` when the import fails (it runs
-after the generic checks, so an unsupported convention or dtype is still named first).
+Every peer is imported on first use (``prepare``), so the registry loads without them. What a
+peer supports is its design (``unsupported_reason``); whether it is installed here is its spec's
+``missing()``: the runner marks a case it supports ``not installed: pip install X`` when the
+import fails, and ``compare.py --list`` names the missing peers.
 
 In-place peers (Liger always when its input is bshd-contiguous, vLLM always, FlashInfer's
 ``*_inplace``, flash-attn ``inplace=True``) run on copies made in ``prepare``: the first call is
@@ -49,8 +50,8 @@ def _available(loader) -> str | None:
 
 
 def _guard(loader, *more) -> dict:
-    """The spec fields ``missing`` (whether the peer imports) and ``check``: the design limits
-    ``more`` (each case -> reason or None), then ``missing``."""
+    """The spec fields ``check`` (the design limits ``more``, each case -> reason or None) and
+    ``missing`` (whether the peer imports here; the runner asks it after ``check``)."""
     def missing() -> str | None:
         return _available(loader)
 
@@ -59,7 +60,7 @@ def _guard(loader, *more) -> dict:
             reason = limit(case)
             if reason:
                 return reason
-        return missing()
+        return None
     return dict(missing=missing, check=check)
 
 
