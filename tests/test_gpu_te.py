@@ -97,3 +97,26 @@ def test_start_positions_past_the_table_are_refused():
         te.apply_rotary_pos_emb(x, _freqs(10, 32), "bshd",
                                 start_positions=torch.tensor([0, 3], dtype=torch.int32,
                                                              device="cuda"))
+
+
+def test_start_positions_under_cuda_graph_capture():
+    """The host cannot read start_positions while a graph is captured: the kernel bounds the
+    freqs row instead (valid positions as before; one past the table gives NaN, no stray read)."""
+    x = torch.randn(2, 8, 4, 32, device="cuda", dtype=torch.bfloat16)
+    freqs = _freqs(16, 32)
+    start = torch.tensor([0, 8], dtype=torch.int32, device="cuda")
+    fn = lambda: te.apply_rotary_pos_emb(x, freqs, "bshd", start_positions=start)  # noqa: E731
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()  # warm-up (compiles) outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    pos = (start.cpu().long()[:, None] + torch.arange(8)[None])
+    _check(out, x, freqs, pos, "bshd", "rotate_half")
+    start.fill_(9)  # now every sequence reaches row 16 at its last token: past the table
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isnan(out[:, -1]).all() and not torch.isnan(out[:, :7]).any()

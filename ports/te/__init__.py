@@ -27,7 +27,8 @@ Departures, each a host check that refuses an input the original mishandles:
   ``start + length <= max_s`` for every sequence, and thd sequences must be ``<= max_s`` tokens
   long: the original reads ``freqs`` out of bounds, or (thd, grid ``(max_s, b)``) leaves the
   tokens past ``max_s`` unwritten. These checks read ``start_positions``/``cu_seqlens`` on the
-  host (a device sync the original does not have);
+  host (a device sync the original does not have), except during CUDA-graph capture, where the
+  kernel bounds the ``freqs`` row instead (a row past the table gives NaN, not a stray read);
 * ``cu_seqlens`` must be int32, rise from 0 and end at ``cp_size x t``; with ``cp_size > 1``
   every local length must be even (the original's device ``assert``);
 * ``d2`` must be even and > 0; sizes past int32 offsets are refused (the original overflows);

@@ -75,25 +75,36 @@ def _check_common(t: torch.Tensor, name: str, d2: int, d: int, interleaved: bool
     _cupy.check_index_fits(t.numel(), f"{name}'s element count (output offsets)")
 
 
-def _check_start_positions(start_positions, b: int, lengths: list[int], rows: int,
+def _capturing() -> bool:
+    """Inside a CUDA-graph capture, where reading device values on the host is not allowed."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _check_start_positions(start_positions, b: int, lengths: list[int] | None, rows: int,
                            cp_size: int) -> None:
     """Added: int32 (the kernel reads ``int*``), one per sequence, and no token's freqs row past
-    the table (the original reads past ``freqs`` then). Reads the values: a device sync."""
+    the table (the original reads past ``freqs`` then). The values are read on the host (a device
+    sync), except during CUDA-graph capture (``lengths`` None), where the kernel's own row bound
+    applies instead."""
+    if start_positions is not None:
+        _cupy.check_tensor(start_positions, "start_positions")
+        if start_positions.dim() != 1:
+            raise ValueError(f"expected 1D tensor (start_positions [b]), got shape "
+                             f"{tuple(start_positions.shape)}")
+        if start_positions.dtype != torch.int32:
+            raise TypeError(f"start_positions must be int32 (the kernel reads int), got "
+                            f"{start_positions.dtype}")
+        if start_positions.numel() < b:
+            raise ValueError(f"start_positions has {start_positions.numel()} entries for {b} "
+                             "sequences")
+    if lengths is None:
+        return
     if start_positions is None:
         if cp_size == 1 and max(lengths, default=0) > rows:
             raise ValueError(f"a sequence of {max(lengths)} tokens needs {max(lengths)} freqs rows; "
                              f"freqs has {rows} (the original would read past it, or leave "
                              "tokens unwritten)")
         return
-    _cupy.check_tensor(start_positions, "start_positions")
-    if start_positions.dim() != 1:
-        raise ValueError(f"expected 1D tensor (start_positions [b]), got shape "
-                         f"{tuple(start_positions.shape)}")
-    if start_positions.dtype != torch.int32:
-        raise TypeError(f"start_positions must be int32 (the kernel reads int), got "
-                        f"{start_positions.dtype}")
-    if start_positions.numel() < b:
-        raise ValueError(f"start_positions has {start_positions.numel()} entries for {b} sequences")
     starts = start_positions[:b].tolist()
     if min(starts, default=0) < 0:
         raise ValueError("start_positions must be >= 0")
@@ -124,14 +135,16 @@ def _run(src, freqs, start_positions, tensor_format, interleaved, cu_seqlens, cp
         # Added: int32 boundaries from 0 to t, non-decreasing (the kernel trusts them).
         if cu_seqlens.dtype != torch.int32:
             raise TypeError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}")
-        bounds = cu_seqlens.tolist()
-        if (len(bounds) < 2 or bounds[0] != 0 or bounds[-1] // cp_size != t
+        bounds = None if _capturing() else cu_seqlens.tolist()
+        if bounds is not None and (
+                len(bounds) < 2 or bounds[0] != 0 or bounds[-1] // cp_size != t
                 or any(lo > hi for lo, hi in zip(bounds, bounds[1:]))):
             raise ValueError(f"cu_seqlens must rise from 0 to cp_size x the token count "
                              f"({cp_size} x {t}), got {bounds}")
-        b = len(bounds) - 1
-        lengths = [(hi // cp_size) - (lo // cp_size) for lo, hi in zip(bounds, bounds[1:])]
-        if cp_size > 1 and any(n % 2 for n in lengths):
+        b = cu_seqlens.numel() - 1
+        lengths = (None if bounds is None else
+                   [(hi // cp_size) - (lo // cp_size) for lo, hi in zip(bounds, bounds[1:])])
+        if cp_size > 1 and lengths is not None and any(n % 2 for n in lengths):
             raise ValueError("context parallelism needs even local sequence lengths (the "
                              f"original asserts it in the kernel), got {lengths}")
         max_s = freqs.size(0)
@@ -148,7 +161,7 @@ def _run(src, freqs, start_positions, tensor_format, interleaved, cu_seqlens, cp
         kernel_t = KERNEL_TYPE[src.dtype]
         flag = "true" if backward else "false"
         head = (_cupy.ptr(src), _cupy.ptr(cu_seqlens), _cupy.ptr(freqs),
-                _cupy.ptr(start_positions), _cupy.ptr(out), bool(interleaved),
+                _cupy.i32(freqs.size(0)), _cupy.ptr(start_positions), _cupy.ptr(out), bool(interleaved),
                 _cupy.i32(cp_size), _cupy.i32(cp_rank))
         shared = 2 * d2 * 4
         if use_linear_grid(max_s * b, t, cp_size):
@@ -174,7 +187,8 @@ def _run(src, freqs, start_positions, tensor_format, interleaved, cu_seqlens, cp
         raise ValueError("expected freqs tensor has a longer sequence length than input "
                          f"(s * cp_size = {s * cp_size}, freqs has {freqs.size(0)} rows)")
     _check_common(src, name, d2, d, interleaved, cp_size, cp_rank)
-    _check_start_positions(start_positions, b, [s] * b, freqs.size(0), cp_size)
+    _check_start_positions(start_positions, b, None if _capturing() else [s] * b,
+                           freqs.size(0), cp_size)
     if b > MAX_GRID_YZ:
         raise ValueError(f"b = {b} exceeds the grid's y limit {MAX_GRID_YZ} (grid (s, b))")
     if cp_size > 1 and s % 2:
@@ -187,7 +201,8 @@ def _run(src, freqs, start_positions, tensor_format, interleaved, cu_seqlens, cp
         return out
     flag = "true" if backward else "false"
     _cupy.launch(MODULE, f"te_rope<{KERNEL_TYPE[src.dtype]}, {flag}>", device, (s, b), _block(h),
-                 (_cupy.ptr(src), _cupy.ptr(None), _cupy.ptr(freqs), _cupy.ptr(start_positions),
+                 (_cupy.ptr(src), _cupy.ptr(None), _cupy.ptr(freqs), _cupy.i32(freqs.size(0)),
+                  _cupy.ptr(start_positions),
                   _cupy.ptr(out), bool(interleaved), _cupy.i32(cp_size), _cupy.i32(cp_rank),
                   _cupy.i32(s), _cupy.i32(h), _cupy.i32(d), _cupy.i32(d2),
                   *(_cupy.i32(x) for x in (stride_s, stride_b, src.stride(2), src.stride(3),

@@ -20,6 +20,7 @@
 //   the context-parallel dual-chunk order when cp_size > 1;
 // * every input stride is an argument; the output is dense in the input's format; all index
 //   math in int32.
+// Departure: the freqs row is bounds-checked in the kernel (te_rope_block's freqs_rows).
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -47,16 +48,20 @@ __device__ __forceinline__ int te_freqs_row(int s_id, int cur_seqlens, const int
   return row;
 }
 
+// Departure: freqs_rows bounds the table row. A row past it (a start position the host could
+// not check, during CUDA-graph capture) gives NaN cos/sin instead of an out-of-bounds read.
 template <typename T, bool BACKWARD>
-__device__ void te_rope_block(const T *src, const float *freqs, T *dst, bool interleaved,
-                              int s_id, int offset_block, int offset_block_dst, int h, int d,
-                              int d2, int stride_h, int stride_d, int o_stride_h, int o_stride_d) {
+__device__ void te_rope_block(const T *src, const float *freqs, int freqs_rows, T *dst,
+                              bool interleaved, int s_id, int offset_block, int offset_block_dst,
+                              int h, int d, int d2, int stride_h, int stride_d, int o_stride_h,
+                              int o_stride_d) {
   extern __shared__ float shared_cos_sin[];
   float *shared_cos = shared_cos_sin;
   float *shared_sin = shared_cos_sin + d2;
   int tid = threadIdx.x * blockDim.y + threadIdx.y;
   for (int i = tid; i < d2; i += blockDim.x * blockDim.y) {
-    sincosf(freqs[s_id * d2 + i], &shared_sin[i], &shared_cos[i]);
+    float angle = s_id < freqs_rows ? freqs[s_id * d2 + i] : __int_as_float(0x7fc00000);
+    sincosf(angle, &shared_sin[i], &shared_cos[i]);
   }
   __syncthreads();
 
@@ -108,7 +113,7 @@ __device__ void te_rope_block(const T *src, const float *freqs, T *dst, bool int
 // grid (s, b): sbhd/bshd (cu_seqlens null) or thd (s = freqs rows, b = sequences).
 template <typename T, bool BACKWARD>
 __global__ void te_rope(const T *src, const int *cu_seqlens, const float *freqs,
-                        const int *start_positions, T *dst, bool interleaved, int cp_size,
+                        int freqs_rows, const int *start_positions, T *dst, bool interleaved, int cp_size,
                         int cp_rank, int s, int h, int d, int d2, int stride_s_or_t, int stride_b,
                         int stride_h, int stride_d, int o_stride_s_or_t, int o_stride_b,
                         int o_stride_h, int o_stride_d) {
@@ -128,14 +133,15 @@ __global__ void te_rope(const T *src, const int *cu_seqlens, const float *freqs,
     cur_seqlens = s;
   }
   int row = te_freqs_row(s_id, cur_seqlens, start_positions, b_id, cp_size, cp_rank);
-  te_rope_block<T, BACKWARD>(src, freqs, dst, interleaved, row, offset_block, offset_block_dst, h,
-                             d, d2, stride_h, stride_d, o_stride_h, o_stride_d);
+  te_rope_block<T, BACKWARD>(src, freqs, freqs_rows, dst, interleaved, row, offset_block,
+                             offset_block_dst, h, d, d2, stride_h, stride_d, o_stride_h,
+                             o_stride_d);
 }
 
 // thd, one block per packed token (grid (t)); the block finds its sequence by binary search.
 template <typename T, bool BACKWARD>
 __global__ void te_rope_thd_linear(const T *src, const int *cu_seqlens, const float *freqs,
-                                   const int *start_positions, T *dst, bool interleaved,
+                                   int freqs_rows, const int *start_positions, T *dst, bool interleaved,
                                    int cp_size, int cp_rank, int nseq, int h, int d, int d2,
                                    int stride_t, int stride_h, int stride_d, int o_stride_t,
                                    int o_stride_h, int o_stride_d) {
@@ -152,7 +158,7 @@ __global__ void te_rope_thd_linear(const T *src, const int *cu_seqlens, const fl
   int end = cu_seqlens[seq_id + 1] / cp_size;
   int s_id = t_id - start;
   int row = te_freqs_row(s_id, end - start, start_positions, seq_id, cp_size, cp_rank);
-  te_rope_block<T, BACKWARD>(src, freqs, dst, interleaved, row, t_id * stride_t,
+  te_rope_block<T, BACKWARD>(src, freqs, freqs_rows, dst, interleaved, row, t_id * stride_t,
                              t_id * o_stride_t, h, d, d2, stride_h, stride_d, o_stride_h,
                              o_stride_d);
 }
