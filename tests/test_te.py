@@ -41,7 +41,7 @@ BAD = {
     "odd d2": (_fwd(freqs=_t(S, 1, 1, D - 1)), ValueError, "even"),
     "cp rank": (_fwd(cp_size=2, cp_rank=2, freqs=_t(2 * S, 1, 1, D)), ValueError, "cp_rank"),
     "start int64": (_fwd(start_positions=torch.zeros(B, dtype=torch.int64)), TypeError, "int32"),
-    "start rank": (_fwd(start_positions=torch.zeros(B, 1, dtype=I32)), ValueError, "1D"),
+    "start rank": (_fwd(start_positions=torch.zeros(B, 1, dtype=I32)), ValueError, "1-D"),
     "start past freqs": (_fwd(start_positions=torch.tensor([0, 1], dtype=I32)), ValueError,
                          "read past"),
     "start negative": (_fwd(start_positions=torch.tensor([0, -1], dtype=I32),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ports import _alloc, _cupy
-from reference.vocabulary import KERNEL_TORCH_DTYPES
+from reference.vocabulary import KERNEL_TORCH_DTYPES, check_dtype, check_rank
 
 WARP_SIZE = 32  # THREADS_PER_WARP
 MAX_GRID_YZ = 65535
@@ -87,13 +87,8 @@ def _check_start_positions(start_positions, b: int, lengths: list[int] | None, r
     sync), except during CUDA-graph capture (``lengths`` None), where the kernel's own row bound
     applies instead."""
     if start_positions is not None:
-        _cupy.check_tensor(start_positions, "start_positions")
-        if start_positions.dim() != 1:
-            raise ValueError(f"expected 1D tensor (start_positions [b]), got shape "
-                             f"{tuple(start_positions.shape)}")
-        if start_positions.dtype != torch.int32:
-            raise TypeError(f"start_positions must be int32 (the kernel reads int), got "
-                            f"{start_positions.dtype}")
+        check_dtype(start_positions, "start_positions (the kernel reads int)", (torch.int32,))
+        check_rank(start_positions, "start_positions", 1, "b")
         if start_positions.numel() < b:
             raise ValueError(f"start_positions has {start_positions.numel()} entries for {b} "
                              "sequences")
