@@ -19,6 +19,12 @@ The function takes the canonical inputs and returns the rotated tensors::
 It must not modify its inputs (rotate copies if the kernel works in place). For the backward
 direction it is differentiated by autograd.
 
+A package adds its functions without ``--impl`` by declaring entry points, in its
+``pyproject.toml``::
+
+    [project.entry-points."rope_ports.impls"]
+    my_rope = "my_package.rope:my_rope"
+
 What it supports is declared with :func:`rope_impl` (or the same dict as the attribute
 ``rope_supports``); undeclared cases are refused with the reason, not run. Keys and defaults:
 ``styles`` (both), ``layouts`` (``bshd``), ``dtypes`` (fp32, fp16, bf16), ``positions`` (all),
