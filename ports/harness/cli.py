@@ -7,6 +7,8 @@ Examples::
     python compare.py --shape 4x4096x32x128 --layout bshd --dtype bf16 fp32
     python compare.py --suite decode --graph --json results.json
     python compare.py --summary results.json --summary-value vs_compile
+    python compare.py --suite peers --impl examples.my_rope:rope_half --json peers.json
+    python compare.py --summary peers.json --summary-value vs_fastest
 
 Exit status: 0 done, 1 a check failed, 2 bad input (one line on stderr says what and what would
 be right), 3 the mode needs an NVIDIA GPU this machine lacks.
@@ -26,7 +28,7 @@ from collections.abc import Sequence
 
 from ports.harness import preflight
 from ports.harness.metrics import SUMMARY_VALUES
-from ports.registry import BACKENDS, FAMILIES
+from ports.registry import BACKENDS, FAMILIES, PEERS_WORD
 
 # The choices, without importing torch; tests/test_cli_choices.py checks them against
 # reference.vocabulary and ports.harness.suites.
@@ -36,8 +38,8 @@ DTYPES = ("fp32", "fp16", "bf16", "fp64")
 COS_SIN_DTYPES = ("fp32", "fp64", "same")
 POSITION_KINDS = ("arange", "offset", "ids")
 SUITES = ("smoke", "crossval", "leetcuda_table", "decode", "anchors", "prefill", "qkv", "partial",
-          "interleaved", "positions", "varlen", "gqa", "long", "apex", "ablation", "te_sweep",
-          "batch_reuse_sweep", "batch_reuse_sweep_full")
+          "interleaved", "positions", "varlen", "gqa", "long", "apex", "ablation", "peers",
+          "te_sweep", "batch_reuse_sweep", "batch_reuse_sweep_full")
 # Earlier suite names (named after the seed documents they come from), still accepted.
 SUITE_ALIASES = {"seed000": "te_sweep", "seed001": "leetcuda_table", "seed002": "batch_reuse_sweep",
                  "seed002_full": "batch_reuse_sweep_full"}
@@ -45,11 +47,11 @@ MOVED_SUITES = {"seed004": "seed 004's RMSNorm + matmul + RoPE experiments are n
                            "run python tools/seed004_pipeline.py"}
 # The modes besides "run" (--shape/--suite, the default), each with the options it reads; an
 # option no mode reads is refused rather than ignored.
-MODE_OPTIONS = {"list": ("only", "skip", "json", "verbose"),
+MODE_OPTIONS = {"list": ("only", "skip", "json", "verbose", "impl"),
                 "summary": ("summary_value",),
-                "design": ("only", "skip", "verbose"),
+                "design": ("only", "skip", "verbose", "impl"),
                 "overhead": (),
-                "accuracy": ("only", "skip", "dtype", "seed", "plot"),
+                "accuracy": ("only", "skip", "dtype", "seed", "plot", "impl"),
                 "claims": ()}
 MODES = tuple(MODE_OPTIONS)
 ANY_MODE = ("no_progress",)
@@ -95,6 +97,16 @@ def suite_name(text: str) -> str:
     return text
 
 
+def impl_target(text: str) -> str:
+    """``module:function`` (checked for its shape here; imported by the mode)."""
+    module, sep, function = text.partition(":")
+    if not sep or not module.strip() or not function.strip():
+        raise argparse.ArgumentTypeError(
+            f"--impl {text!r}: expected module:function (a colon between them), e.g. "
+            "examples.my_rope:rope_half")
+    return text
+
+
 def _number(kind, low: float, what: str):
     """An argparse type: ``kind`` (int or float) > ``low``, finite."""
     def parse(text: str):
@@ -114,7 +126,8 @@ POSITIVE_INT = _number(int, 0, "a positive integer")
 def build_parser() -> Parser:
     epilog = textwrap.fill(
         f"Implementations are selected by name (compare.py --list), by family "
-        f"({', '.join(FAMILIES)}) or by backend ({', '.join(BACKENDS)}).", 100) + "\n\n" + \
+        f"({', '.join(FAMILIES)}), by backend ({', '.join(BACKENDS)}) or as '{PEERS_WORD}' "
+        "(the production libraries and your --impl rows).", 100) + "\n\n" + \
         textwrap.fill("Exit status: 0 done, 1 a check failed, 2 bad input, 3 the mode needs an "
                       "NVIDIA GPU this machine lacks.", 100)
     p = Parser(prog="compare.py", usage=USAGE, epilog=epilog,
@@ -151,6 +164,10 @@ def build_parser() -> Parser:
                        help="names, families or backends to run")
     which.add_argument("--skip", nargs="+", metavar="NAME",
                        help="names, families or backends to leave out")
+    which.add_argument("--impl", action="append", type=impl_target, metavar="MODULE:FUNCTION",
+                       help="add your own function as a row, named user.FUNCTION (repeatable; "
+                            "README: 'Your own kernel as a row'); installed packages' "
+                            "rope_ports.impls entry points are added too")
     modes = p.add_argument_group("other modes (one at a time)")
     modes.add_argument("--list", action="store_true", help="print the registry and exit")
     modes.add_argument("--summary", metavar="RESULTS_JSON",

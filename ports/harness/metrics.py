@@ -2,7 +2,8 @@
 
 Per result: GB/s (the case's bytes over the event time), % of the device's copy bandwidth, % of
 the speed of a copy moving the same bytes, speed-up over the eager baseline, the time (event and
-CUDA-graph) over torch.compile's, and whether the event time is host-bound.
+CUDA-graph) over torch.compile's and over the case's fastest, and whether the event time is
+host-bound.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ if TYPE_CHECKING:
 
 # The numeric fields of a result that ``compare.py --summary`` can pivot.
 SUMMARY_VALUES = ("pct_copy", "pct_size_copy", "median_us", "graph_us", "gbps", "err_over_tol",
-                  "vs_compile", "graph_vs_compile")
+                  "vs_compile", "graph_vs_compile", "vs_fastest", "graph_vs_fastest")
 # A same-size copy shorter than this is mostly launch latency: the case is tiny, and an event
 # time far above the copy's is the host's (Python, checks, launch), not the kernel's.
 TINY_COPY_US = 10.0
@@ -55,6 +56,8 @@ def derive(results: Sequence[Result], *, io_bytes: int, copy_gbps: float | None 
     by_name = {r.impl: r for r in results}
     base = by_name.get(baseline) if baseline else None
     comp = by_name.get(compiled) if compiled else None
+    fastest = min((r.median_us for r in results if ratio(1.0, r.median_us)), default=None)
+    graph_fastest = min((r.graph_us for r in results if ratio(1.0, r.graph_us)), default=None)
     for r in results:
         r.gbps = gbps(io_bytes, r.median_us)
         r.pct_copy = None if r.gbps is None or not copy_gbps else 100.0 * r.gbps / copy_gbps
@@ -63,4 +66,6 @@ def derive(results: Sequence[Result], *, io_bytes: int, copy_gbps: float | None 
         r.speedup = ratio(base.median_us, r.median_us) if base else None
         r.vs_compile = ratio(r.median_us, comp.median_us) if comp else None
         r.graph_vs_compile = ratio(r.graph_us, comp.graph_us) if comp else None
+        r.vs_fastest = ratio(r.median_us, fastest)
+        r.graph_vs_fastest = ratio(r.graph_us, graph_fastest)
         r.host_bound = is_host_bound(r.median_us, r.graph_us, copy_same_us)

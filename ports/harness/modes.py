@@ -32,9 +32,27 @@ def _torch_ready() -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+_user_impls_added = False
+
+
+def _add_user_impls(args) -> None:
+    """Register the --impl functions and the installed rope_ports.impls entry points (once)."""
+    global _user_impls_added
+    if _user_impls_added:
+        return
+    from ports import registry
+
+    try:
+        registry.add_user_impls(getattr(args, "impl", None) or ())
+    except ValueError as exc:  # BadImpl, or a name already taken
+        raise UsageError(str(exc)) from None
+    _user_impls_added = True
+
+
 def _specs(args) -> list:
     from ports import registry
 
+    _add_user_impls(args)
     try:
         return registry.select(args.only, args.skip)
     except KeyError as exc:
@@ -84,6 +102,9 @@ def list_mode(args) -> int:
         _emit(report.to_json([report.spec_dict(s) for s in specs]), args.json)
     else:
         print(report.registry_table(specs, verbose=args.verbose))
+        missing = report.availability_lines(specs)
+        if missing:  # on stderr: stdout stays the table
+            print("Peers that cannot run here:\n" + "\n".join(missing), file=sys.stderr)
     return 0
 
 
@@ -177,6 +198,7 @@ def run_mode(args) -> int:
     from ports.harness import env, preflight, report
     from ports.harness.cli import cases_from_args
     from ports.harness.runner import run_case
+    from ports.harness.suites import GRAPH_SUITES
 
     specs = _specs(args)
     if args.plot and not env.has_gpu():
@@ -194,6 +216,7 @@ def run_mode(args) -> int:
             print(preflight.cpu_skip_note(too_big), file=sys.stderr)
             cases = [c for c in cases if c not in too_big]
 
+    graph = args.graph or any(name in GRAPH_SUITES for name in args.suite or ())
     quiet = args.json == "-" or args.csv == "-"
     if not env.has_gpu() and not quiet:
         print(CPU_NOTE + "\n")
@@ -202,10 +225,10 @@ def run_mode(args) -> int:
                unit="run", file=sys.stderr, leave=False)
     try:
         for case in cases:
-            rep = run_case(case, specs, seed=args.seed, graph=args.graph, progress=bar)
+            rep = run_case(case, specs, seed=args.seed, graph=graph, progress=bar)
             reports.append(rep)
             if not quiet:
-                tqdm.write(report.case_table(rep, graph=args.graph, verbose=args.verbose) + "\n",
+                tqdm.write(report.case_table(rep, graph=graph, verbose=args.verbose) + "\n",
                            file=sys.stdout)
             if rep.failed:
                 failed = True

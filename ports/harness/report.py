@@ -25,7 +25,17 @@ HOST_BOUND_NOTE = (f"{HOST_BOUND_MARK} host-bound event time: over twice the CUD
                    "or (tiny case) over twice the same-size copy; the kernel's own time is lower")
 # --summary-value formats; the rest take .1f
 SUMMARY_FORMATS = {"pct_copy": ".0f", "pct_size_copy": ".0f", "vs_compile": ".2f",
-                   "graph_vs_compile": ".2f"}
+                   "graph_vs_compile": ".2f", "vs_fastest": ".2f", "graph_vs_fastest": ".2f"}
+SUMMARY_TITLES = {"vs_fastest": "time / the case's fastest time (1.00 = fastest)",
+                  "graph_vs_fastest": "CUDA-graph time / the case's fastest graph time "
+                                      "(1.00 = fastest)"}
+
+
+def note_lines(pairs: Iterable[tuple[str, str]]) -> list[str]:
+    """``note: impl: text`` lines for (implementation, note) pairs with a note, once each: the
+    equal-inputs departures (work a peer's adapter does outside the timed call)."""
+    notes = dict.fromkeys((impl, note) for impl, note in pairs if note)
+    return [_wrapped(f"note: {impl} is given less work: {note}") for impl, note in notes]
 
 
 def text_table(rows: Sequence[Sequence[str]], headers: Sequence[str], fmt: str = "github",
@@ -158,6 +168,7 @@ def _compact(report: CaseReport, graph: bool) -> tuple[list[str], list[list[str]
     keep = [i for i, h in enumerate(headers) if h not in drop]
     if any(r.host_bound for r in ran):
         footer.append(HOST_BOUND_NOTE)
+    footer += note_lines((r.impl, r.note) for r in ran)
     return ([headers[i] for i in keep], [[row[i] for i in keep] for row in rows], footer)
 
 
@@ -181,6 +192,7 @@ def case_table(report: CaseReport, graph: bool = False, verbose: bool = False,
         lines.append(text_table(rows, result_headers(graph), fmt))
         if any(r.host_bound for r in report.results):
             lines.append(HOST_BOUND_NOTE)
+        lines += note_lines((r.impl, r.note) for r in report.results)
         return "\n".join(lines)
     headers, rows, footer = _compact(report, graph)
     if rows:
@@ -244,7 +256,20 @@ def spec_dict(spec: ImplSpec) -> dict:
         "devices": sorted(spec.devices),
         "summary": spec.summary,
         "upstream": spec.upstream,
+        "caller_work": getattr(spec, "caller_work", ""),
+        "given_less_work": getattr(spec, "given_less_work", ""),
     }
+
+
+def availability_lines(specs: Sequence[ImplSpec]) -> list[str]:
+    """One line per peer whose library cannot be imported here: ``name: not installed: ...``."""
+    lines = []
+    for spec in specs:
+        missing = getattr(spec, "missing", None)
+        reason = missing() if missing is not None else None
+        if reason:
+            lines.append(_wrapped(f"{spec.name}: {reason}"))
+    return lines
 
 
 def registry_table(specs: Sequence[ImplSpec], verbose: bool = False, fmt: str = "github") -> str:
@@ -377,4 +402,7 @@ def summary_table(rows: Sequence[dict], value: str = "pct_copy", fmt: str = "git
             else:
                 line.append({"unsupported": "-"}.get(r["status"], r["status"]))
         body.append(line)
-    return text_table(body, ["case", *impls], fmt)
+    lines = [f"{value}: {SUMMARY_TITLES[value]}"] if value in SUMMARY_TITLES else []
+    lines.append(text_table(body, ["case", *impls], fmt))
+    lines += note_lines((r["impl"], r.get("note", "")) for r in rows if r["impl"] in impls)
+    return "\n".join(lines)

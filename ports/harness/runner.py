@@ -44,8 +44,11 @@ class Result:
     speedup: float | None = None       # baseline time / this time
     vs_compile: float | None = None    # this time / torch.compile's (< 1: faster)
     graph_vs_compile: float | None = None  # the same from graph_us
+    vs_fastest: float | None = None    # this time / the case's fastest time (1 = fastest)
+    graph_vs_fastest: float | None = None  # the same from graph_us
     timing_note: str = ""              # why there is no time, when status is ok
     host_bound: bool = False           # the event time is the host's (metrics.is_host_bound)
+    note: str = ""                     # work done outside the timed call (a peer's given_less_work)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -180,6 +183,8 @@ def run_case(case: RopeCase, specs: Sequence[ImplSpec], *, seed: int = 0,
 
 def _run_one(case, spec, inputs, targets, timing_on, graph) -> Result:
     reason = spec.unsupported_reason(case, targets)
+    if reason is None and getattr(spec, "missing", None) is not None:
+        reason = spec.missing()  # a peer whose library is not installed here
     if reason is not None:
         return Result(spec.name, spec.family, spec.kind, "unsupported", reason)
     snapshot = [x.clone() for x in inputs.xs]
@@ -188,6 +193,7 @@ def _run_one(case, spec, inputs, targets, timing_on, graph) -> Result:
         with _alloc.poisoned():
             outs = fn()
         result = check_outputs(case, spec, inputs, outs)
+        result.note = getattr(spec, "given_less_work", "")
         del outs
         if not all(torch.equal(x, s) for x, s in zip(inputs.xs, snapshot)):
             result.status, result.reason = "FAIL", "modified its input (out-of-place call)"

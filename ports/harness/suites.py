@@ -40,6 +40,7 @@ def crossval() -> list[RopeCase]:
         RopeCase(4, 50, 2, 32, positions="offset", label="per-sequence offset"),
         RopeCase(4, 64, 3, 32, layout="thd", seqlens=(64, 1, 17, 30), label="thd uneven"),
         RopeCase(2, 24, 4, 32, kv_heads=1, label="q and k, MQA"),
+        RopeCase(2, 24, 4, 32, kv_heads=2, dtype="bf16", label="q and k, GQA, bf16"),
     ]:
         cases += _both_styles(case)
     low = RopeCase(2, 128, 8, 64, label="half precision")
@@ -166,6 +167,23 @@ def ablation() -> list[RopeCase]:
             RopeCase(1, 131072, 8, 128, dtype="fp32", label="ablation 128k positions")]
 
 
+def peers() -> list[RopeCase]:
+    """Every implementation, the production peers among them, on equal inputs: prefill (bshd
+    4 x 4096 x 32 x 128, bf16 and fp32, rotate-half and bf16 interleaved) and decode (64
+    sequences of one token at their own positions in a 4k context), each with a GQA k (8 heads)
+    rotated beside q; tables in x's dtype, as models hand them to these libraries. compare.py
+    times this suite's CUDA-graph replays too (decode is launch-bound)."""
+    pre = RopeCase(*STUDY_SHAPE, dtype="bf16", cos_sin_dtype="same", kv_heads=8,
+                   label="peers prefill")
+    dec = RopeCase(64, 1, 32, 128, dtype="bf16", cos_sin_dtype="same", kv_heads=8,
+                   positions="offset", max_position=4096, label="peers decode")
+    return [pre, pre.replace(dtype="fp32"), pre.replace(style="interleaved"),
+            dec, dec.replace(dtype="fp32")]
+
+
+# Suites whose forward cases compare.py also times as CUDA-graph replays, --graph or not.
+GRAPH_SUITES = ("peers",)
+
 SUITES: dict[str, Callable[[], list[RopeCase]]] = {
     "smoke": smoke,
     "crossval": crossval,
@@ -182,6 +200,7 @@ SUITES: dict[str, Callable[[], list[RopeCase]]] = {
     "long": long,
     "apex": apex,
     "ablation": ablation,
+    "peers": peers,
 }
 
 
