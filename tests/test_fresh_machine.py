@@ -92,7 +92,7 @@ def test_the_readme_shows_compare_examples():
     assert len(readme_examples()) >= 5
 
 
-EXAMPLE_SECONDS = 120  # on a 2-core CPU machine; each example takes a few seconds to ~30 s
+EXAMPLE_SECONDS = 120  # a bound for a 2-core CI machine, well above a capped example's time
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ at once instead of in a traceback at the end (or after many minutes on a CPU).
 
 * ``--plot`` needs matplotlib: checked before anything is run.
 * Without a GPU, every case is cross-validated by the float64 oracle, the eager references and
-  the Triton interpreter (which runs each Triton program in Python: about 10-20 ms a program), so
+  the Triton interpreter (which runs each Triton program, one per row or block, in Python), so
   cases are capped at :data:`CPU_MAX_ELEMENTS` elements per tensor. A suite keeps the cases under
   the cap and names the rest; a run with none left is refused.
 * Without a GPU, ``--accuracy`` measures positions up to :data:`CPU_MAX_POSITION` (not 128k).
@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 
-CPU_MAX_ELEMENTS = 8192       # per tensor: 2x32x4x32, a few seconds per Triton port on a CPU
+CPU_MAX_ELEMENTS = 8192       # per tensor: 2x32x4x32 (the smoke suite's cases hold 4096)
 CPU_MAX_POSITION = 16384      # --accuracy without a GPU
 SMALL_SHAPE = "2x32x4x32"     # what the refusal suggests (at the cap)
 
