@@ -12,6 +12,7 @@ moved behind a launch, or went missing, fails here instead of touching a device.
 from __future__ import annotations
 
 import functools
+import pathlib
 import re
 import types
 
@@ -425,8 +426,12 @@ def test_compile_checked_instantiations_cover_the_kernel():
     FLAGS bit, and 64-bit offsets."""
     names = MODULE.kernels
     assert names == kernel.COMPILE_CHECKED and len(set(names)) == len(names)
+    step = [n[n.index("<") + 1:-1].split(", ") for n in names if n.startswith("rope_step<")]
+    # rope_step<T, TT, V, INTERLEAVED, FLAGS>: every element type and both styles
+    assert {a[0] for a in step} == set(kernel.CTYPE.values())
+    assert {a[3] for a in step} == {"false", "true"}
     # study_rope<T, TT, V, INTERLEAVED, COMPUTED, IDX, UNROLL, FLAGS>
-    args = [n[n.index("<") + 1:-1].split(", ") for n in names]
+    args = [n[n.index("<") + 1:-1].split(", ") for n in names if n.startswith("study_rope<")]
     assert {a[0] for a in args} == set(kernel.CTYPE.values())
     assert {(a[3], a[4]) for a in args} == {(i, c) for i in ("false", "true")
                                             for c in ("false", "true")}
@@ -603,6 +608,42 @@ def test_plan_heads_per_step_from_the_work(monkeypatch):
     assert _plan(monkeypatch, medium, in_place=True).unroll == 2  # both halves per thread
     assert _plan(monkeypatch, small).unroll == 1
     assert _plan(monkeypatch, small, computed=True).unroll == 1
+
+
+def test_launcher_packs_the_kernels_parameter_layouts():
+    """The struct layouts launcher.py packs have the sizes rope.cu asserts for Params and
+    StepParams (the sm_90 compile test checks the asserts themselves)."""
+    src = (pathlib.Path(kernel.__file__).parent / kernel.FILENAME).read_text()
+    sizes = dict(re.findall(r"static_assert\(sizeof\((\w+)\) == (\d+)", src))
+    assert int(sizes["Params"]) == launcher._DYNAMIC.size + launcher._STATIC.size
+    assert int(sizes["StepParams"]) == launcher._DYNAMIC.size + launcher._STEP_STATIC.size
+
+
+def test_plan_small_problems_take_the_step_kernel(monkeypatch):
+    """Given tables, fewer chunk-rows than twice the resident threads, 32-bit offsets and the
+    caller's conditions met (step_eligible): the step kernel, one thread per (token, head,
+    chunk), grid (S, B, head blocks), the heads of a token spread evenly over the fewest blocks
+    of <= 256 threads. Anything else takes the main kernel."""
+    decode = dict(shape=(64, 1, 32, 128), k_heads=8)
+    p = _plan(monkeypatch, **decode, step_eligible=True)
+    # rotate-half: a thread owns a chunk of each half (8 chunk threads per row of 128 bf16)
+    assert p.step and p.kernel == kernel.step_kernel_name(torch.bfloat16, torch.float32, 8, False,
+                                                          kernel.BOTH_HALVES)
+    # 40 heads x 8 chunks: 2 blocks of 20 heads (not 32 and 8)
+    assert p.grid == (1, 64, 2) and p.block == (8, 20, 1) and p.index_bits == 32
+    wide = _plan(monkeypatch, (256, 1, 64, 128), k_heads=8, step_eligible=True)
+    assert wide.step and wide.grid == (1, 256, 3) and wide.block == (8, 24, 1)
+    inter = _plan(monkeypatch, **decode, interleaved=True, in_place=True, step_eligible=True)
+    assert inter.step and inter.kernel.endswith(", 8, true, 0>") and inter.block[0] == 16
+    partial = _plan(monkeypatch, **decode, rotary_dim=64, step_eligible=True)
+    assert partial.rot_chunks == 4 and partial.tail_chunks == 8 and partial.block[0] == 12
+    for kw in (dict(computed=True), dict(step_kernel=False), dict(unroll=1),
+               dict(shape_rule="fixed"), dict(index_bits=64), dict(flags=kernel.DIVIDE)):
+        other = _plan(monkeypatch, **decode, **{"step_eligible": True, **kw})
+        assert not other.step and other.kernel.startswith("study_rope<"), kw
+    assert not _plan(monkeypatch, **decode).step  # the caller's conditions unmet
+    big = _plan(monkeypatch, (1, 4096, 32, 128), step_eligible=True)  # 7.8x the resident threads
+    assert not big.step and big.unroll == 1
 
 
 def test_plan_bf16_gets_16_byte_vectors_and_32_bit_offsets(monkeypatch):

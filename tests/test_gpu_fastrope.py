@@ -540,8 +540,9 @@ def test_equivalent_position_and_table_forms_agree_bitwise(style):
 @pytest.mark.parametrize("style", STYLES)
 @pytest.mark.parametrize("positions", ["arange", "int offset", "offsets", "ids", "thd"])
 def test_heads_per_step_do_not_change_the_bits(style, positions):
-    """Small shapes take one head per step; 2 and 4 (the prefill plans, where given tables load
-    before the first rows unless the position is read from memory) give the same bits, forward
+    """Small shapes take the step kernel (thd: the main kernel, one head per step); the main
+    kernel with one head per step and with 2 and 4 (the prefill plans, where given tables load
+    before the first rows unless the position is read from memory) gives the same bits, forward
     and backward, with full and half-width tables, out of place and in place."""
     thd = positions == "thd"
     case = RopeCase(4, 64, 3, 32, kv_heads=2, style=style, dtype="bf16",
@@ -571,9 +572,11 @@ def test_heads_per_step_do_not_change_the_bits(style, positions):
 
     for tables in (dict(cos=inputs.cos, sin=inputs.sin), half):
         base = run(tables)
-        for unroll, in_place in itertools.product((2, 4), (False, True)):
-            got = run(tables, ablation.Tuning(unroll=unroll), in_place)
-            assert all(_same_bits(a, b) for a, b in zip(got, base)), (unroll, in_place)
+        tunings = (ablation.Tuning(step_kernel=False), ablation.Tuning(unroll=2),
+                   ablation.Tuning(unroll=4))
+        for tuning, in_place in itertools.product(tunings, (False, True)):
+            got = run(tables, tuning, in_place)
+            assert all(_same_bits(a, b) for a, b in zip(got, base)), (tuning, in_place)
 
 
 def test_empty_inputs_and_zero_head_k():

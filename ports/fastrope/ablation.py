@@ -28,6 +28,7 @@ class Tuning:
     unroll: int | None = None       # heads per thread per step
     separate_launches: bool = False  # q and k in two launches
     memory_order: bool = True       # False: the sbhd grid walks each sequence in turn
+    step_kernel: bool = True        # False: small problems take the main kernel too
 
     def __post_init__(self):
         if not isinstance(self.flags, int) or self.flags & ~FLAGS or self.flags < 0:
@@ -45,7 +46,7 @@ class Tuning:
         """The keyword arguments of ``plan.choose`` this tuning sets."""
         return dict(flags=self.flags, shape_rule=self.shape_rule, vector_cap=self.vector_cap,
                     index_bits=self.index_bits, unroll=self.unroll,
-                    memory_order=self.memory_order)
+                    memory_order=self.memory_order, step_kernel=self.step_kernel)
 
 
 DESIGN = Tuning()

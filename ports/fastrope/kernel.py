@@ -1,8 +1,10 @@
 """rope.cu's kernel as the host sees it: its template instantiations, its switches, its compile.
 
 The kernel is one template, ``study_rope<T, TT, V, INTERLEAVED, COMPUTED, IDX, UNROLL,
-FLAGS>``; :func:`kernel_name` spells an instantiation as the NVRTC name expression that compiles
-it, and :func:`function_ptr` compiles it (once per device) for the launcher.
+FLAGS>``, beside the step kernel for small problems, ``rope_step<T, TT, V, INTERLEAVED,
+FLAGS>``. :func:`kernel_name` and :func:`step_kernel_name` spell an instantiation as the NVRTC
+name expression that compiles it; :func:`function_ptr` compiles it (once per device) for the
+launcher.
 """
 from __future__ import annotations
 
@@ -35,6 +37,13 @@ def kernel_name(dtype: torch.dtype, table_dtype: torch.dtype, vector: int, inter
             f"{str(interleaved).lower()}, {str(computed).lower()}, {idx}, {unroll}, {flags}>")
 
 
+def step_kernel_name(dtype: torch.dtype, table_dtype: torch.dtype, vector: int,
+                     interleaved: bool, flags: int = 0) -> str:
+    """The step kernel's instantiation, ``rope_step<T, TT, V, INTERLEAVED, FLAGS>``."""
+    return (f"rope_step<{CTYPE[dtype]}, {CTYPE[table_dtype]}, {vector}, "
+            f"{str(interleaved).lower()}, {flags}>")
+
+
 def _full_width(dtype: torch.dtype) -> int:
     return 16 // torch.empty((), dtype=dtype).element_size()
 
@@ -51,7 +60,10 @@ COMPILE_CHECKED = tuple(
                  RELOAD_TABLE | NO_CACHE_HINTS | DIVIDE),
      kernel_name(torch.float32, torch.float32, 4, False, True, 64, 1, ANGLE_FP32),
      kernel_name(torch.bfloat16, torch.bfloat16, 8, False, False, 32, 4, 0),
-     kernel_name(torch.float16, torch.float32, 8, False, True, 32, 2, BOTH_HALVES))
+     kernel_name(torch.float16, torch.float32, 8, False, True, 32, 2, BOTH_HALVES),
+     step_kernel_name(torch.bfloat16, torch.bfloat16, 8, False),
+     step_kernel_name(torch.float32, torch.float32, 4, True),
+     step_kernel_name(torch.float16, torch.float32, 4, False, BOTH_HALVES | NO_CACHE_HINTS))
 MODULE = _cupy.CudaModule(__package__, FILENAME, kernels=COMPILE_CHECKED, options=OPTIONS)
 
 

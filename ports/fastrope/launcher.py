@@ -27,9 +27,11 @@ from ports.fastrope import kernel
 from ports.fastrope.plan import Operand, Plan
 
 # Params in rope.cu: the per-call part (9 pointers, pos_add) and the per-problem part
-# (16 int64, 14 int32), 264 bytes together.
+# (16 int64, 14 int32), 264 bytes together. The step kernel's StepParams shares the per-call
+# part; its per-problem part is 24 int32 (176 bytes together).
 _DYNAMIC = struct.Struct("<9Qq")
 _STATIC = struct.Struct("<16q14i")
+_STEP_STATIC = struct.Struct("<24i")
 PARAMS_SIZE = _DYNAMIC.size + _STATIC.size
 
 # torch's current stream on a device, as a raw pointer (CuPy's helper where torch lacks the hook).
@@ -66,18 +68,24 @@ class Launch:
 def prepare(p: Plan, operands: list[Operand], *, seqlen: int, half: int, half_table: bool,
             table_rows: int, table_stride: int, pos_mode: int, pos_strides: tuple[int, int],
             pos_int32: bool, nseq: int, backward: bool) -> Launch:
-    """Compile (once) and pack the per-problem parameters of plan ``p`` (rope.cu's Params)."""
+    """Compile (once) and pack the per-problem parameters of plan ``p`` (rope.cu's Params, or
+    StepParams for the step kernel)."""
     q = operands[0]
     k = operands[1] if len(operands) > 1 else None
     zero3 = (0, 0, 0)
     qs, qd = q.src_strides, q.dst_strides
     ks, kd = (k.src_strides, k.dst_strides) if k is not None else (zero3, zero3)
-    static = _STATIC.pack(
-        qs[0], ks[0], qs[1], ks[1], qs[2], ks[2], qd[0], kd[0], qd[1], kd[1], qd[2], kd[2],
-        pos_strides[0], pos_strides[1], table_rows, table_stride,
-        q.heads, k.heads if k is not None else 0, seqlen, nseq, p.rot_chunks, p.tail_chunks,
-        p.heads_per_split, pos_mode, int(pos_int32), int(half_table), half, int(backward),
-        p.fold, 0)
+    strides = (qs[0], ks[0], qs[1], ks[1], qs[2], ks[2], qd[0], kd[0], qd[1], kd[1], qd[2], kd[2])
+    kh = k.heads if k is not None else 0
+    if p.step:
+        static = _STEP_STATIC.pack(
+            *strides, *pos_strides, table_rows, table_stride, q.heads, kh, p.rot_chunks, half,
+            pos_mode, int(pos_int32), int(half_table), int(backward))
+    else:
+        static = _STATIC.pack(
+            *strides, *pos_strides, table_rows, table_stride, q.heads, kh, seqlen, nseq,
+            p.rot_chunks, p.tail_chunks, p.heads_per_split, pos_mode, int(pos_int32),
+            int(half_table), half, int(backward), p.fold, 0)
     device = q.src.get_device()
     driver = _driver()
     return Launch(kernel.function_ptr(device, p.kernel), p.grid, p.block, p.shared_mem, static,
@@ -122,7 +130,7 @@ def launch(lc: Launch, q_in: int, k_in: int, q_out: int, k_out: int, cos: int, s
     _DYNAMIC.pack_into(buf, 0, q_in, k_in, q_out, k_out, cos, sin, inv_freq, pos, cu_seqlens,
                        pos_add)
     if _local.static is not lc.static:
-        buf[_DYNAMIC.size:PARAMS_SIZE] = lc.static
+        buf[_DYNAMIC.size:_DYNAMIC.size + len(lc.static)] = lc.static
         _local.static = lc.static
     stream = _current_raw_stream(lc.device)
     current = lc.current_context()

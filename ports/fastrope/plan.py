@@ -11,6 +11,8 @@ Everything here is plain integer arithmetic on shapes, strides and addresses:
 * ``IDX``: 32-bit offsets when every offset fits, else 64-bit.
 * grid (token blocks, sequences, head splits) x block (chunks, head lanes, tokens); sbhd with
   computed angles walks the (s, b) tokens in memory order instead (``fold``).
+* small problems (a decode step) from given tables take rope.cu's step kernel instead: one
+  thread per (token, head, chunk), grid (S, B, head blocks), 32-bit fields.
 
 The keyword arguments of :func:`choose` after ``in_place`` force an ablation (see ablation.py);
 their defaults are the design.
@@ -57,6 +59,7 @@ class Plan:
     tail_chunks: int        # chunk threads per row over the pass-through tail
     heads_per_split: int    # heads one block covers (grid.z splits the rest)
     fold: int               # B when the grid walks the (s, b) tokens b-fastest (sbhd), else 0
+    step: bool = False      # rope_step: one thread per (token, head, chunk), grid (S, B, heads)
 
 
 @functools.cache
@@ -102,11 +105,13 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
            interleaved: bool, tables, computed: bool, in_place: bool, flags: int = 0,
            shape_rule: str = "auto", vector_cap: int | None = None,
            index_bits: int | None = None, unroll: int | None = None,
-           memory_order: bool = True) -> Plan:
+           memory_order: bool = True, step_eligible: bool = False,
+           step_kernel: bool = True) -> Plan:
     """The plan for this problem (see the module doc). ``tables`` is ``(cos, sin, half_table)``
-    or ``None``. Ablations: ``flags`` (kernel.RELOAD_TABLE, ...), ``shape_rule="fixed"`` (the
-    prefill shape for every size), ``vector_cap``, ``index_bits``, ``unroll`` and
-    ``memory_order=False``."""
+    or ``None``. ``step_eligible``: the caller's part of the step kernel's conditions (no thd, the
+    table and position fields fit 32 bits). Ablations: ``flags`` (kernel.RELOAD_TABLE, ...),
+    ``shape_rule="fixed"`` (the prefill shape for every size), ``vector_cap``, ``index_bits``,
+    ``unroll``, ``memory_order=False`` and ``step_kernel=False``."""
     q = operands[0].src
     elem = q.element_size()
     half = rotary_dim // 2
@@ -160,13 +165,34 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
                      and tokens <= INT32_MAX - MAX_TOKENS_PER_BLOCK  # t stays an int
                      and all(op.src_strides[1] > op.src_strides[0] for op in operands)) else 0
     rows, grid_batch = (tokens, 1) if fold else (seqlen, batch)
-
+    if index_bits is None:
+        extent = 0
+        for op in operands:
+            for t, st in ((op.src, op.src_strides), (op.dst, op.dst_strides)):
+                extent = max(extent, _max_offset(zip((batch, seqlen, op.heads), st)) + head_dim)
+        index_bits = 32 if extent <= INT32_MAX else 64
+    table_dtype = tables[0].dtype if tables is not None else torch.float32
+    resident = sm_count(q.get_device()) * 2048
+    work = tokens * htot * chunks  # chunk-rows: one thread's unit of work per head
+    if (step_kernel and step_eligible and not computed and shape_rule == "auto" and unroll is None
+            and not flags & kernel.DIVIDE and index_bits == 32 and work < 2 * resident
+            and batch <= MAX_GRID_Y and chunks <= THREADS_PER_BLOCK):
+        # The step kernel: every (token, head, chunk) its own thread; the heads of a token
+        # spread evenly over as few blocks of <= 256 threads as hold them. Rotate-half threads
+        # own a chunk of each half (no partner loads: half the threads and loads; DESIGN.md).
+        step_flags = flags if interleaved else flags | kernel.BOTH_HALVES
+        step_rot = rotary_dim // v if interleaved else half // v
+        step_chunks = step_rot + tail_chunks
+        head_blocks = -(-htot // (THREADS_PER_BLOCK // step_chunks))
+        lanes = -(-htot // head_blocks)
+        if head_blocks <= MAX_GRID_Y:
+            name = kernel.step_kernel_name(q.dtype, table_dtype, v, interleaved, step_flags)
+            return Plan(name, (seqlen, batch, head_blocks), (step_chunks, lanes, 1), 0, v, 1, 32,
+                        step_rot, tail_chunks, lanes, 0, step=True)
     if unroll is None:
         if shape_rule == "fixed":     # ablation: the prefill shape for every size
             unroll = 4
         else:
-            work = tokens * htot * chunks  # chunk-rows: one thread's unit of work per head
-            resident = sm_count(q.get_device()) * 2048
             unroll = heads_per_step(work, resident, capped=not computed and split)
     if chunks > THREADS_PER_BLOCK:
         raise ValueError(f"head_dim {head_dim} needs {chunks} threads per row, more than a block "
@@ -185,14 +211,8 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
     splits = -(-htot // heads_per_split)
     lanes = min(lanes, heads_per_split)
 
-    if index_bits is None:
-        extent = 0
-        for op in operands:
-            for t, st in ((op.src, op.src_strides), (op.dst, op.dst_strides)):
-                extent = max(extent, _max_offset(zip((batch, seqlen, op.heads), st)) + head_dim)
-        index_bits = 32 if extent <= INT32_MAX else 64
-    name = kernel.kernel_name(q.dtype, tables[0].dtype if tables is not None else torch.float32,
-                              v, interleaved, computed, index_bits, unroll, flags)
+    name = kernel.kernel_name(q.dtype, table_dtype, v, interleaved, computed, index_bits, unroll,
+                              flags)
     grid = (-(-rows // tokens_per_block), grid_batch, splits)
     block = (chunks, lanes, tokens_per_block)
     smem = angle_bytes * tokens_per_block

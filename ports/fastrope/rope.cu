@@ -57,6 +57,26 @@ struct Params {
   int pad;                                      // keeps the struct a multiple of 8 bytes
 };
 
+// The step kernel's Params (rope_step, below): the same per-call part, then the per-problem
+// part in 32-bit fields (the host takes this kernel only when every offset fits), 176 bytes
+// against Params' 264: fewer argument lines for every block to read.
+struct StepParams {
+  unsigned long long in[2], out[2];
+  unsigned long long cos, sin, inv_freq, pos, cu_seqlens;  // inv_freq, cu_seqlens: unused
+  long long pos_add;
+  int in_sb[2], in_ss[2], in_sh[2];
+  int out_sb[2], out_ss[2], out_sh[2];
+  int pos_sb, pos_ss;
+  int table_rows, table_stride;
+  int heads[2];
+  int rot_chunks, half;
+  int pos_mode, pos_int32, half_table, backward;
+  static constexpr int nseq = 0;  // no thd: token_position's search is compiled out
+};
+// launcher.py packs both with struct: these sizes are its layouts' (a test compares them).
+static_assert(sizeof(Params) == 264, "Params layout changed: update launcher.py");
+static_assert(sizeof(StepParams) == 176, "StepParams layout changed: update launcher.py");
+
 template <typename T> __device__ __forceinline__ float to_float(T v);
 template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
@@ -125,13 +145,15 @@ __device__ __forceinline__ void store_chunk(T* p, const Chunk<T, V>& c) {
   for (int i = 0; i < Chunk<T, V>::WORDS; ++i) store_word<W, STREAM>(reinterpret_cast<W*>(p) + i, c.w[i]);
 }
 
-__device__ __forceinline__ long long read_position(const Params& p, long long i) {
+template <typename P>
+__device__ __forceinline__ long long read_position(const P& p, long long i) {
   return p.pos_int32 ? (long long)reinterpret_cast<const int*>(p.pos)[i]
                      : reinterpret_cast<const long long*>(p.pos)[i];
 }
 
 // The token's rotary position; for thd also its sequence.
-__device__ __forceinline__ long long token_position(const Params& p, int b, int s) {
+template <typename P>
+__device__ __forceinline__ long long token_position(const P& p, int b, int s) {
   long long local = s;
   int seq = b;
   if (p.nseq > 0) {  // thd: the sequence holding token s, by binary search over cu_seqlens
@@ -163,12 +185,13 @@ template <int V, bool INTERLEAVED> struct Angles {
 
 // A table row, clamped to [0, L): the host checks positions; the clamp keeps a skipped check
 // (check_positions=False) in bounds.
-__device__ __forceinline__ long long table_row(const Params& p, long long pos) {
+template <typename P>
+__device__ __forceinline__ long long table_row(const P& p, long long pos) {
   return pos < 0 ? 0 : pos >= p.table_rows ? p.table_rows - 1 : pos;
 }
 
-template <typename TT, int V, bool INTERLEAVED>
-__device__ __forceinline__ void load_table(const Params& p, long long pos, int chunk,
+template <typename TT, int V, bool INTERLEAVED, typename P>
+__device__ __forceinline__ void load_table(const P& p, long long pos, int chunk,
                                            Angles<V, INTERLEAVED>& a) {
   const long long row = table_row(p, pos);
   const TT* cos = reinterpret_cast<const TT*>(p.cos) + row * p.table_stride;
@@ -217,8 +240,8 @@ __device__ __forceinline__ void transpose_angles(Angles<V, INTERLEAVED>& a) {
 // Rotate-half (unless BOTH_HALVES): a thread owns V elements of one half only. It rotates them with its own cosine
 // and a signed sine: forward, own sine (first half: -s, second: +s); backward (the transpose),
 // the partner's sine (first half: +s, second: -s). cA holds the cosines, sA the signed sines.
-template <typename TT, int V>
-__device__ __forceinline__ void load_table_split(const Params& p, long long pos, int elem,
+template <typename TT, int V, typename P>
+__device__ __forceinline__ void load_table_split(const P& p, long long pos, int elem,
                                                  bool first, Angles<V, false>& a) {
   const long long row = table_row(p, pos);
   const TT* cos = reinterpret_cast<const TT*>(p.cos) + row * p.table_stride;
@@ -233,8 +256,8 @@ __device__ __forceinline__ void load_table_split(const Params& p, long long pos,
 }
 
 // This thread's cos/sin chunk from given tables, for the rotation direction of the call.
-template <typename TT, int V, bool INTERLEAVED, bool SPLIT>
-__device__ __forceinline__ void table_angles(const Params& p, long long pos, int chunk, int elem,
+template <typename TT, int V, bool INTERLEAVED, bool SPLIT, typename P>
+__device__ __forceinline__ void table_angles(const P& p, long long pos, int chunk, int elem,
                                              bool first_half, Angles<V, INTERLEAVED>& a) {
   if constexpr (SPLIT) {
     load_table_split<TT, V>(p, pos, elem, first_half, a);
@@ -456,4 +479,49 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
       store_chunk<T, V, STREAM>(dst[u], x[u]);
     }
   }
+}
+
+// The step kernel, for small problems (a decode step: a few tokens, all heads of q and k):
+// one thread per (token, head, chunk), no loop, so every thread's loads are in flight at once
+// and no thread waits on another head; rotate-half threads own a chunk of each half (the host
+// sets BOTH_HALVES). Given tables only, no thd; the host (plan.py) picks it when the chunk-rows
+// are fewer than twice the resident threads and every offset fits 32 bits.
+//   grid  (S, B, head_blocks)   block (chunks, heads per block)
+// The data loads are issued first; the position (an id or offset load) and the table row that
+// depends on it follow while they are in flight.
+template <typename T, typename TT, int V, bool INTERLEAVED, int FLAGS>
+__global__ void __launch_bounds__(256) rope_step(const StepParams p) {
+  constexpr bool STREAM = !(FLAGS & NO_CACHE_HINTS);
+  constexpr bool SPLIT = !INTERLEAVED && !(FLAGS & BOTH_HALVES);
+  const int hq = p.heads[0];
+  const int h = blockIdx.z * blockDim.y + threadIdx.y;
+  if (h >= hq + p.heads[1]) return;
+  const int s = blockIdx.x, b = blockIdx.y, chunk = threadIdx.x;
+  const bool is_k = h >= hq;
+  const int hh = is_k ? h - hq : h;
+  const bool rotary = chunk < p.rot_chunks;
+  const int elem = rotary ? chunk * V : 2 * p.half + (chunk - p.rot_chunks) * V;
+  const bool first_half = elem < p.half;
+  const int from = b * (is_k ? p.in_sb[1] : p.in_sb[0]) + s * (is_k ? p.in_ss[1] : p.in_ss[0])
+                   + hh * (is_k ? p.in_sh[1] : p.in_sh[0]) + elem;
+  const int to = b * (is_k ? p.out_sb[1] : p.out_sb[0]) + s * (is_k ? p.out_ss[1] : p.out_ss[0])
+                 + hh * (is_k ? p.out_sh[1] : p.out_sh[0]) + elem;
+  const T* src = reinterpret_cast<const T*>(is_k ? p.in[1] : p.in[0]) + from;
+  T* dst = reinterpret_cast<T*>(is_k ? p.out[1] : p.out[0]) + to;
+  const int second = INTERLEAVED ? 0 : (SPLIT && !first_half) ? -p.half : p.half;
+  Chunk<T, V> x, y;
+  load_chunk<T, V, STREAM>(src, x);
+  if (!INTERLEAVED && rotary) load_chunk<T, V, STREAM>(src + second, y);
+  if (rotary) {
+    Angles<V, INTERLEAVED> ang;
+    table_angles<TT, V, INTERLEAVED, SPLIT>(p, token_position(p, b, s), chunk, elem, first_half,
+                                            ang);
+    if constexpr (SPLIT) {
+      rotate_split<T, V, false>(ang, x, y);
+    } else {
+      rotate<T, V, INTERLEAVED, false>(ang, x, y);
+      if constexpr (!INTERLEAVED) store_chunk<T, V, STREAM>(dst + second, y);
+    }
+  }
+  store_chunk<T, V, STREAM>(dst, x);
 }

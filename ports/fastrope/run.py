@@ -15,6 +15,7 @@ import torch
 from ports import _alloc
 from ports.fastrope import launcher, plan, problem
 from ports.fastrope.problem import Problem
+from reference.vocabulary import INT32_MAX
 
 if TYPE_CHECKING:
     from ports.fastrope.ablation import Tuning
@@ -58,6 +59,10 @@ def _launches(entry: _Entry, xs, outs, *, in_place: bool, backward: bool, cos, s
     separate = tuning is not None and tuning.separate_launches
     groups = [[i] for i in live] if separate else ([live] if live else [])
     options = tuning.plan_options() if tuning is not None else {}
+    # The step kernel's fields are 32-bit and it has no thd search (plan.py decides the rest).
+    pos_extent = (p.batch - 1) * abs(p.pos_strides[0]) + (p.seqlen - 1) * abs(p.pos_strides[1])
+    step_eligible = (p.nseq == 0 and max(p.table_rows, abs(p.table_stride), pos_extent)
+                     <= INT32_MAX)
     result = []
     for group in groups:
         ops = [operands[i] for i in group]
@@ -65,7 +70,7 @@ def _launches(entry: _Entry, xs, outs, *, in_place: bool, backward: bool, cos, s
             operands=ops, batch=p.batch, seqlen=p.seqlen, head_dim=p.head_dim,
             rotary_dim=p.rotary_dim, interleaved=p.interleaved,
             tables=None if p.computed else (cos, sin, p.half_table),
-            computed=p.computed, in_place=in_place, **options)
+            computed=p.computed, in_place=in_place, step_eligible=step_eligible, **options)
         lc = launcher.prepare(chosen, ops, seqlen=p.seqlen, half=p.rotary_dim // 2,
                               half_table=p.half_table, table_rows=p.table_rows,
                               table_stride=p.table_stride, pos_mode=p.pos_mode,

@@ -168,17 +168,22 @@ def ablation() -> list[RopeCase]:
 
 
 def peers() -> list[RopeCase]:
-    """Every implementation, the production peers among them, on equal inputs: prefill (bshd
-    4 x 4096 x 32 x 128, bf16 and fp32, rotate-half and bf16 interleaved) and decode (64
-    sequences of one token at their own positions in a 4k context), each with a GQA k (8 heads)
-    rotated beside q; tables in x's dtype, as models hand them to these libraries. compare.py
-    times this suite's CUDA-graph replays too (decode is launch-bound)."""
+    """Every implementation, the production peers among them, on equal inputs, each case with a
+    GQA k (8 heads) rotated beside q and tables in x's dtype, as models hand them to these
+    libraries. Prefill (bshd): 4 x 4096 x 32 (bf16, fp32, bf16 interleaved), 8 x 4096 x 64,
+    1 x 32768 x 32 and 1 x 4096 x 32. Decode: 1, 64 and 256 sequences of one token at their
+    own positions in a 4k context (32 heads; 64 at b=256), and b=64 in fp32. compare.py times
+    this suite's CUDA-graph replays too (decode is launch-bound). The bf16 b=64 decode step is
+    the last case."""
     pre = RopeCase(*STUDY_SHAPE, dtype="bf16", cos_sin_dtype="same", kv_heads=8,
                    label="peers prefill")
     dec = RopeCase(64, 1, 32, 128, dtype="bf16", cos_sin_dtype="same", kv_heads=8,
                    positions="offset", max_position=4096, label="peers decode")
     return [pre, pre.replace(dtype="fp32"), pre.replace(style="interleaved"),
-            dec, dec.replace(dtype="fp32")]
+            pre.replace(batch=8, heads=64), pre.replace(batch=1, seqlen=32768),
+            pre.replace(batch=1),
+            dec.replace(batch=1), dec.replace(batch=256, heads=64), dec.replace(dtype="fp32"),
+            dec]
 
 
 # Suites whose forward cases compare.py also times as CUDA-graph replays, --graph or not.

@@ -1,0 +1,112 @@
+"""Does fastrope beat the production peers on the peers suite's cases, and which of its launch
+choices makes the difference? (Needs a GPU.)
+
+``decode``: the peers suite's bf16 decode cases (GQA k with 8 heads, tables in x's dtype, one
+offset per sequence in a 4k context) at b = 1, 64 and 256 (64 q heads at 256), CUDA-graph
+timed: the design (the step kernel at these sizes), the main kernel (the ``no_step_kernel``
+ablation), and the main kernel with 1, 2 or 4 heads per step, with or without head splits and
+with a thread owning one half or both, beside the installed peers.
+
+``prefill``: the suite's bf16 rotate-half cases of at least 2^20 token-heads, event timed: the
+design, computed angles, 1, 2 or 8 heads per step, plain loads and stores, a thread owning both
+halves, and the step kernel forced at every size (out of place and in place), beside the peers.
+
+Everything runs through the harness (equal inputs, validated against the float64 oracle). Each
+value is the minimum over ``reps`` rounds of the median, rounds interleaved across cases.
+
+    python -m tools.decode_peers_probe [decode] [prefill] [--reps N]
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from unittest import mock
+
+from ports import registry
+from ports.fastrope import kernel, plan
+from ports.fastrope.ablation import Tuning
+from ports.fastrope.canonical import _ablation, _preparer
+from ports.harness.runner import run_case
+from ports.harness.suites import get_suite
+from tools._probe_kit import run_named
+
+PEERS = ("liger.rope", "flash_attn.apply_rotary", "flash_attn.apply_rotary_inplace",
+         "torch.compile(hf_rotate_half)")
+REPS = 3
+
+
+def _table(title, cases, specs, forced, graph):
+    """Run every case ``REPS`` times; ``forced`` specs plan as if the GPU were huge (so the step
+    kernel takes every size). Print implementations x cases."""
+    best: dict = {}
+    huge = mock.patch.object(plan, "sm_count", lambda index: 1 << 20)
+    for _ in range(REPS):
+        for case in cases:
+            results = run_case(case, specs, graph=graph).results
+            if forced:
+                with huge:
+                    results += run_case(case, forced, graph=graph).results
+            for r in results:
+                key = (case.describe(), r.impl)
+                v = r.graph_us if graph else r.median_us
+                if r.status != "ok" or v is None:
+                    best.setdefault(key, f"{r.status} {(r.reason or '')[:50]}")
+                elif not isinstance(best.get(key), float) or v < best[key]:
+                    best[key] = v
+    print(f"\n## {title}: {'graph' if graph else 'event'} us, min of {REPS} medians")
+    for c in cases:
+        print(f"- {c.describe()}")
+    print("| impl | " + " | ".join(f"{c.batch}x{c.seqlen}x{c.heads} {c.dtype}" for c in cases)
+          + " |")
+    print("|---|" + "---|" * len(cases))
+    for n in [s.name for s in specs + forced]:
+        cells = [best.get((c.describe(), n)) for c in cases]
+        print(f"| {n} | " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v)
+                                       for v in cells) + " |")
+
+
+def _variants(named: dict) -> list:
+    return [_ablation(name, name, kw) for name, kw in named.items()]
+
+
+def decode():
+    cases = [c for c in get_suite("peers") if c.seqlen == 1 and c.dtype == "bf16"]
+    specs = [registry.get(n) for n in ("fastrope.rope", "fastrope.rope_inplace",
+                                       "fastrope-ablation.no_step_kernel") + PEERS]
+    both = kernel.BOTH_HALVES
+    specs += _variants({
+        "step_both_halves": dict(flags=both),
+        "main_u4_both_nosplit": dict(shape_rule="fixed", unroll=4, flags=both),
+        "main_u2_both_nosplit": dict(shape_rule="fixed", unroll=2, flags=both),
+        "main_u1_both_nosplit": dict(shape_rule="fixed", unroll=1, flags=both),
+        "main_u4_nosplit": dict(shape_rule="fixed", unroll=4),
+        "main_u4_both_split": dict(step_kernel=False, unroll=4, flags=both),
+    })
+    _table("decode", cases, specs, [], graph=True)
+
+
+def prefill():
+    cases = [c for c in get_suite("peers") if c.seqlen > 1 and c.style == "rotate_half"
+             and c.batch * c.seqlen * c.heads >= 1 << 20 and c.dtype == "bf16"]
+    specs = [registry.get(n) for n in ("fastrope.rope", "fastrope.rope_inplace",
+                                       "fastrope.rope_computed") + PEERS]
+    specs += _variants({
+        "u2": dict(unroll=2), "u1": dict(unroll=1), "u8": dict(unroll=8),
+        "no_hints": dict(flags=kernel.NO_CACHE_HINTS), "both_halves": dict(flags=kernel.BOTH_HALVES),
+    })
+    forced = _ablation("step_everywhere", "step kernel at every size", dict(vector_cap=16))
+    forced_ip = dataclasses.replace(forced, name="fastrope-ablation.step_everywhere_inplace",
+                                    prepare=_preparer(in_place=True,
+                                                      tuning=Tuning(vector_cap=16)))
+    _table("prefill", cases, specs, [forced, forced_ip], graph=False)
+
+
+PROBES = {"decode": decode, "prefill": prefill}
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if "--reps" in args:
+        i = args.index("--reps")
+        REPS = int(args[i + 1])
+        del args[i:i + 2]
+    run_named(PROBES, args)
