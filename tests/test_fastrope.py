@@ -358,7 +358,8 @@ def test_tunings_reach_the_launch(recorded_launches):
     assert design.plan.unroll == 1 and design.plan.vector == 4
     ablation.apply_rope(q, k, tuning=Tuning(unroll=2, flags=kernel.DIVIDE), **tables)
     tuned = recorded_launches[-1].plan
-    assert tuned.unroll == 2 and tuned.kernel.endswith(f", 2, {kernel.DIVIDE}>")
+    flags = kernel.DIVIDE | kernel.BOTH_HALVES  # given tables: a thread owns both halves
+    assert tuned.unroll == 2 and tuned.kernel.endswith(f", 2, {flags}>")
     assert (tuned.vector, tuned.index_bits) == (design.plan.vector, design.plan.index_bits)
     recorded_launches.clear()
     ablation.apply_rope_inplace(q, k, tuning=Tuning(separate_launches=True), **tables)
@@ -418,7 +419,11 @@ def test_tuning_sets_the_plan_options(monkeypatch):
     assert _plan(monkeypatch, **Tuning(unroll=4).plan_options()).unroll == 4
     assert _plan(monkeypatch, **Tuning(index_bits=64).plan_options()).index_bits == 64
     flagged = _plan(monkeypatch, **Tuning(flags=kernel.DIVIDE).plan_options())
-    assert flagged.kernel.endswith(f", {kernel.DIVIDE}>")
+    assert flagged.kernel.endswith(f", {kernel.DIVIDE | kernel.BOTH_HALVES}>")
+    one_half = _plan(monkeypatch, **Tuning(one_half_per_thread=True).plan_options())
+    assert one_half.kernel.endswith(", 0>") and one_half.rot_chunks == 2 * _plan(monkeypatch).rot_chunks
+    assert _plan(monkeypatch, **Tuning(step_heads=2).plan_options(), shape=(64, 1, 32, 128),
+                 step_eligible=True).kernel.endswith(", 2>")
 
 
 def test_compile_checked_instantiations_cover_the_kernel():
@@ -427,7 +432,7 @@ def test_compile_checked_instantiations_cover_the_kernel():
     names = MODULE.kernels
     assert names == kernel.COMPILE_CHECKED and len(set(names)) == len(names)
     step = [n[n.index("<") + 1:-1].split(", ") for n in names if n.startswith("rope_step<")]
-    # rope_step<T, TT, V, INTERLEAVED, FLAGS>: every element type and both styles
+    # rope_step<T, TT, V, INTERLEAVED, FLAGS, HEADS>: every element type and both styles
     assert {a[0] for a in step} == set(kernel.CTYPE.values())
     assert {a[3] for a in step} == {"false", "true"}
     # study_rope<T, TT, V, INTERLEAVED, COMPUTED, IDX, UNROLL, FLAGS>
@@ -563,8 +568,9 @@ def test_plan_covers_the_problem_within_block_limits(monkeypatch, shape, k_heads
     assert chunks * lanes * tokens <= plan.THREADS_PER_BLOCK
     assert chunks == p.rot_chunks + p.tail_chunks
     rot = d if rotary_dim is None else rotary_dim
-    # a thread per chunk of the R rotated channels, or of one half (partners loaded alongside)
-    assert p.rot_chunks * p.vector in (rot // 2, rot)
+    # rotate-half from tables: a thread per chunk of each half; computed: of one half (partners
+    # loaded alongside)
+    assert p.rot_chunks * p.vector == (rot if computed and not p.step else rot // 2)
     assert p.tail_chunks * p.vector == d - rot
     assert p.fold == 0 and p.grid[0] * tokens >= s and p.grid[1] == b  # bshd: no fold
     htot = h + (k_heads or 0)
@@ -576,7 +582,8 @@ def test_plan_covers_the_problem_within_block_limits(monkeypatch, shape, k_heads
     else:
         assert p.shared_mem == 0
     assert p.kernel == kernel.kernel_name(torch.bfloat16, torch.float32, p.vector, False,
-                                           computed, p.index_bits, p.unroll)
+                                           computed, p.index_bits, p.unroll,
+                                           0 if computed else kernel.BOTH_HALVES)
 
 
 def test_plan_walks_sbhd_tokens_in_memory_order(monkeypatch):
@@ -600,12 +607,14 @@ def test_plan_walks_sbhd_tokens_in_memory_order(monkeypatch):
 
 def test_plan_heads_per_step_from_the_work(monkeypatch):
     """4 heads per step from 8x the resident threads (132 SMs faked); between 2x and 8x, one
-    head for given tables with a thread per chunk (rope.cu caps their registers), 2 otherwise."""
+    head for a thread per chunk of one half from given tables (the one_half_per_thread ablation:
+    rope.cu caps their registers), 2 otherwise."""
     big, medium, small = (4, 4096, 32, 128), (1, 4096, 32, 128), (1, 512, 32, 128)
     assert _plan(monkeypatch, big).unroll == 4
-    assert _plan(monkeypatch, medium).unroll == 1
+    assert _plan(monkeypatch, medium).unroll == 2  # both halves per thread
+    assert _plan(monkeypatch, medium, one_half_per_thread=True).unroll == 1
     assert _plan(monkeypatch, medium, computed=True).unroll == 2
-    assert _plan(monkeypatch, medium, in_place=True).unroll == 2  # both halves per thread
+    assert _plan(monkeypatch, medium, in_place=True).unroll == 2
     assert _plan(monkeypatch, small).unroll == 1
     assert _plan(monkeypatch, small, computed=True).unroll == 1
 
@@ -621,20 +630,28 @@ def test_launcher_packs_the_kernels_parameter_layouts():
 
 def test_plan_small_problems_take_the_step_kernel(monkeypatch):
     """Given tables, fewer chunk-rows than twice the resident threads, 32-bit offsets and the
-    caller's conditions met (step_eligible): the step kernel, one thread per (token, head,
-    chunk), grid (S, B, head blocks), the heads of a token spread evenly over the fewest blocks
-    of <= 256 threads. Anything else takes the main kernel."""
+    caller's conditions met (step_eligible): the step kernel, one thread per (token, chunk) and
+    1 or 2 heads, grid (S, B, head blocks), the heads of a token spread evenly over the fewest
+    blocks of <= 256 threads, or over more (down to a warp each) while the blocks are fewer than
+    the SMs. Anything else takes the main kernel."""
     decode = dict(shape=(64, 1, 32, 128), k_heads=8)
     p = _plan(monkeypatch, **decode, step_eligible=True)
     # rotate-half: a thread owns a chunk of each half (8 chunk threads per row of 128 bf16)
     assert p.step and p.kernel == kernel.step_kernel_name(torch.bfloat16, torch.float32, 8, False,
                                                           kernel.BOTH_HALVES)
-    # 40 heads x 8 chunks: 2 blocks of 20 heads (not 32 and 8)
-    assert p.grid == (1, 64, 2) and p.block == (8, 20, 1) and p.index_bits == 32
+    # 40 heads x 8 chunks: 2 blocks would hold them; 64 tokens x 3 blocks of 14 heads cover
+    # the 132 SMs
+    assert p.grid == (1, 64, 3) and p.block == (8, 14, 1) and p.index_bits == 32
+    # b = 1: 10 blocks of a warp (4 heads) each, on 10 SMs
+    one = _plan(monkeypatch, (1, 1, 32, 128), k_heads=8, step_eligible=True)
+    assert one.step and one.grid == (1, 1, 10) and one.block == (8, 4, 1)
+    # 256 x 72 heads x 8 chunks fill more than half the resident threads: 2 heads per thread,
+    # 2 blocks of 18 lanes (36 heads) per token
     wide = _plan(monkeypatch, (256, 1, 64, 128), k_heads=8, step_eligible=True)
-    assert wide.step and wide.grid == (1, 256, 3) and wide.block == (8, 24, 1)
+    assert wide.step and wide.grid == (1, 256, 2) and wide.block == (8, 18, 1)
+    assert wide.kernel.endswith(", 2>") and p.kernel.endswith(", 1>")
     inter = _plan(monkeypatch, **decode, interleaved=True, in_place=True, step_eligible=True)
-    assert inter.step and inter.kernel.endswith(", 8, true, 0>") and inter.block[0] == 16
+    assert inter.step and inter.kernel.endswith(", 8, true, 0, 1>") and inter.block[0] == 16
     partial = _plan(monkeypatch, **decode, rotary_dim=64, step_eligible=True)
     assert partial.rot_chunks == 4 and partial.tail_chunks == 8 and partial.block[0] == 12
     for kw in (dict(computed=True), dict(step_kernel=False), dict(unroll=1),
@@ -642,8 +659,8 @@ def test_plan_small_problems_take_the_step_kernel(monkeypatch):
         other = _plan(monkeypatch, **decode, **{"step_eligible": True, **kw})
         assert not other.step and other.kernel.startswith("study_rope<"), kw
     assert not _plan(monkeypatch, **decode).step  # the caller's conditions unmet
-    big = _plan(monkeypatch, (1, 4096, 32, 128), step_eligible=True)  # 7.8x the resident threads
-    assert not big.step and big.unroll == 1
+    big = _plan(monkeypatch, (1, 4096, 32, 128), step_eligible=True)  # 3.9x the resident threads
+    assert not big.step and big.unroll == 2
 
 
 def test_plan_bf16_gets_16_byte_vectors_and_32_bit_offsets(monkeypatch):

@@ -4,12 +4,13 @@ choices makes the difference? (Needs a GPU.)
 ``decode``: the peers suite's bf16 decode cases (GQA k with 8 heads, tables in x's dtype, one
 offset per sequence in a 4k context) at b = 1, 64 and 256 (64 q heads at 256), CUDA-graph
 timed: the design (the step kernel at these sizes), the main kernel (the ``no_step_kernel``
-ablation), and the main kernel with 1, 2 or 4 heads per step, with or without head splits and
-with a thread owning one half or both, beside the installed peers.
+ablation), the step kernel with plain loads and stores, with 2 or 4 heads per thread, and with a
+token's heads in the fewest blocks (b = 1: 2 blocks, not 10), beside the installed peers and
+the launch floor (a one-element fill).
 
 ``prefill``: the suite's bf16 rotate-half cases of at least 2^20 token-heads, event timed: the
-design, computed angles, 1, 2 or 8 heads per step, plain loads and stores, a thread owning both
-halves, and the step kernel forced at every size (out of place and in place), beside the peers.
+design, computed angles, 1, 2 or 8 heads per step, plain loads and stores, a thread owning one
+half (loading its partner), and the step kernel forced at every size (out of place and in place), beside the peers.
 
 Everything runs through the harness (equal inputs, validated against the float64 oracle). Each
 value is the minimum over ``reps`` rounds of the median, rounds interleaved across cases.
@@ -35,17 +36,28 @@ PEERS = ("liger.rope", "flash_attn.apply_rotary", "flash_attn.apply_rotary_inpla
 REPS = 3
 
 
-def _table(title, cases, specs, forced, graph):
-    """Run every case ``REPS`` times; ``forced`` specs plan as if the GPU were huge (so the step
-    kernel takes every size). Print implementations x cases."""
+def _huge_gpu():
+    """Plan as if the GPU were huge (the step kernel takes every size)."""
+    return mock.patch.object(plan, "sm_count", lambda index: 1 << 20)
+
+
+def _fewest_step_blocks():
+    """The step kernel's heads in the fewest blocks of <= 256 threads, whatever the tokens."""
+    return mock.patch.object(plan, "step_head_blocks", lambda htot, chunks, heads, tokens, sms:
+                             -(-htot // (plan.THREADS_PER_BLOCK // chunks * heads)))
+
+
+def _table(title, cases, specs, patched, graph):
+    """Run every case ``REPS`` times; ``patched`` pairs a patch (``_huge_gpu``, ...) with the
+    specs that run under it. Print implementations x cases."""
     best: dict = {}
-    huge = mock.patch.object(plan, "sm_count", lambda index: 1 << 20)
+    forced = [s for _, group in patched for s in group]
     for _ in range(REPS):
         for case in cases:
             results = run_case(case, specs, graph=graph).results
-            if forced:
-                with huge:
-                    results += run_case(case, forced, graph=graph).results
+            for patch, group in patched:
+                with patch():
+                    results += run_case(case, group, graph=graph).results
             for r in results:
                 key = (case.describe(), r.impl)
                 v = r.graph_us if graph else r.median_us
@@ -73,16 +85,26 @@ def decode():
     cases = [c for c in get_suite("peers") if c.seqlen == 1 and c.dtype == "bf16"]
     specs = [registry.get(n) for n in ("fastrope.rope", "fastrope.rope_inplace",
                                        "fastrope-ablation.no_step_kernel") + PEERS]
-    both = kernel.BOTH_HALVES
     specs += _variants({
-        "step_both_halves": dict(flags=both),
-        "main_u4_both_nosplit": dict(shape_rule="fixed", unroll=4, flags=both),
-        "main_u2_both_nosplit": dict(shape_rule="fixed", unroll=2, flags=both),
-        "main_u1_both_nosplit": dict(shape_rule="fixed", unroll=1, flags=both),
-        "main_u4_nosplit": dict(shape_rule="fixed", unroll=4),
-        "main_u4_both_split": dict(step_kernel=False, unroll=4, flags=both),
+        "step_no_hints": dict(flags=kernel.NO_CACHE_HINTS),
+        "step_h2": dict(step_heads=2), "step_h4": dict(step_heads=4),
     })
-    _table("decode", cases, specs, [], graph=True)
+    fewest = [_ablation("step_fewest_blocks", "the step kernel's heads in the fewest blocks", {}),
+              _ablation("step_h2_fewest_blocks", "2 heads per thread, the fewest blocks",
+                        dict(step_heads=2))]
+    _table("decode", cases, specs, [(_fewest_step_blocks, fewest)], graph=True)
+    _floor()
+
+
+def _floor():
+    """The CUDA-graph time of the smallest kernel there is (a one-element fill): the launch
+    floor every decode row sits on."""
+    import torch
+    from ports.harness.timing import graph_median_us
+
+    one = torch.empty(1, device="cuda")
+    print(f"\nfloor: one-element fill, graph us: "
+          f"{min(graph_median_us(one.zero_) for _ in range(REPS)):.2f}")
 
 
 def prefill():
@@ -92,13 +114,13 @@ def prefill():
                                        "fastrope.rope_computed") + PEERS]
     specs += _variants({
         "u2": dict(unroll=2), "u1": dict(unroll=1), "u8": dict(unroll=8),
-        "no_hints": dict(flags=kernel.NO_CACHE_HINTS), "both_halves": dict(flags=kernel.BOTH_HALVES),
+        "no_hints": dict(flags=kernel.NO_CACHE_HINTS), "one_half": dict(one_half_per_thread=True),
     })
     forced = _ablation("step_everywhere", "step kernel at every size", dict(vector_cap=16))
     forced_ip = dataclasses.replace(forced, name="fastrope-ablation.step_everywhere_inplace",
                                     prepare=_preparer(in_place=True,
                                                       tuning=Tuning(vector_cap=16)))
-    _table("prefill", cases, specs, [forced, forced_ip], graph=False)
+    _table("prefill", cases, specs, [(_huge_gpu, [forced, forced_ip])], graph=False)
 
 
 PROBES = {"decode": decode, "prefill": prefill}

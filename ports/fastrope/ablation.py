@@ -29,6 +29,8 @@ class Tuning:
     separate_launches: bool = False  # q and k in two launches
     memory_order: bool = True       # False: the sbhd grid walks each sequence in turn
     step_kernel: bool = True        # False: small problems take the main kernel too
+    step_heads: int | None = None   # heads per thread in the step kernel
+    one_half_per_thread: bool = False  # out of place from tables: a thread per half + partner
 
     def __post_init__(self):
         if not isinstance(self.flags, int) or self.flags & ~FLAGS or self.flags < 0:
@@ -36,7 +38,8 @@ class Tuning:
                              f"{self.flags!r}")
         if self.shape_rule not in SHAPE_RULES:
             raise ValueError(f"shape_rule must be one of {SHAPE_RULES}, got {self.shape_rule!r}")
-        for name, value in (("vector_cap", self.vector_cap), ("unroll", self.unroll)):
+        for name, value in (("vector_cap", self.vector_cap), ("unroll", self.unroll),
+                            ("step_heads", self.step_heads)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be None or a positive int, got {value!r}")
         if self.index_bits not in (None, 32, 64):
@@ -46,7 +49,8 @@ class Tuning:
         """The keyword arguments of ``plan.choose`` this tuning sets."""
         return dict(flags=self.flags, shape_rule=self.shape_rule, vector_cap=self.vector_cap,
                     index_bits=self.index_bits, unroll=self.unroll,
-                    memory_order=self.memory_order, step_kernel=self.step_kernel)
+                    memory_order=self.memory_order, step_kernel=self.step_kernel,
+                    step_heads=self.step_heads, one_half_per_thread=self.one_half_per_thread)
 
 
 DESIGN = Tuning()

@@ -91,7 +91,7 @@ _COMMON = dict(
     tensors_per_launch=2, strided=True, index_bits=64, asymmetric_tables=True,
     launch="grid (s/tokens, b, head splits) x block (chunks, head lanes, tokens), from the size;"
            " sbhd with computed angles: tokens in memory order",
-    per_thread="one V-element chunk (and its partner) x 1-4 heads per step",
+    per_thread="one V-element chunk of each half (rotate-half) x 1-4 heads per step",
     access="16 B (widest that divides R/2 and every stride)",
 )
 
@@ -132,8 +132,8 @@ def _ablations() -> list[ImplSpec]:
     return [
         _ablation("scalar_access", "one element per access (no 16-byte vectors)",
                   dict(vector_cap=1), access="2-4 B"),
-        _ablation("both_halves_per_thread", "rotate-half: a thread owns a chunk of each half",
-                  dict(flags=K.BOTH_HALVES)),
+        _ablation("one_half_per_thread", "rotate-half out of place: a thread owns one half and "
+                  "loads its partner", dict(one_half_per_thread=True)),
         _ablation("table_per_head", "cos/sin loaded again for every head",
                   dict(flags=K.RELOAD_TABLE)),
         _ablation("one_head_per_step", "one head per thread per step (no unrolled loads)",

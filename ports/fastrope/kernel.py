@@ -2,8 +2,8 @@
 
 The kernel is one template, ``study_rope<T, TT, V, INTERLEAVED, COMPUTED, IDX, UNROLL,
 FLAGS>``, beside the step kernel for small problems, ``rope_step<T, TT, V, INTERLEAVED,
-FLAGS>``. :func:`kernel_name` and :func:`step_kernel_name` spell an instantiation as the NVRTC
-name expression that compiles it; :func:`function_ptr` compiles it (once per device) for the
+FLAGS, HEADS>``. :func:`kernel_name` and :func:`step_kernel_name` spell an instantiation as the
+NVRTC name expression that compiles it; :func:`function_ptr` compiles it (once per device) for the
 launcher.
 """
 from __future__ import annotations
@@ -38,10 +38,11 @@ def kernel_name(dtype: torch.dtype, table_dtype: torch.dtype, vector: int, inter
 
 
 def step_kernel_name(dtype: torch.dtype, table_dtype: torch.dtype, vector: int,
-                     interleaved: bool, flags: int = 0) -> str:
-    """The step kernel's instantiation, ``rope_step<T, TT, V, INTERLEAVED, FLAGS>``."""
+                     interleaved: bool, flags: int = 0, heads: int = 1) -> str:
+    """The step kernel's instantiation, ``rope_step<T, TT, V, INTERLEAVED, FLAGS, HEADS>``
+    (``heads``: heads per thread)."""
     return (f"rope_step<{CTYPE[dtype]}, {CTYPE[table_dtype]}, {vector}, "
-            f"{str(interleaved).lower()}, {flags}>")
+            f"{str(interleaved).lower()}, {flags}, {heads}>")
 
 
 def _full_width(dtype: torch.dtype) -> int:
@@ -62,7 +63,7 @@ COMPILE_CHECKED = tuple(
      kernel_name(torch.bfloat16, torch.bfloat16, 8, False, False, 32, 4, 0),
      kernel_name(torch.float16, torch.float32, 8, False, True, 32, 2, BOTH_HALVES),
      step_kernel_name(torch.bfloat16, torch.bfloat16, 8, False),
-     step_kernel_name(torch.float32, torch.float32, 4, True),
+     step_kernel_name(torch.float32, torch.float32, 4, True, 0, 4),
      step_kernel_name(torch.float16, torch.float32, 4, False, BOTH_HALVES | NO_CACHE_HINTS))
 MODULE = _cupy.CudaModule(__package__, FILENAME, kernels=COMPILE_CHECKED, options=OPTIONS)
 

@@ -101,26 +101,41 @@ def heads_per_step(work: int, resident: int, capped: bool) -> int:
     return 1
 
 
+def step_head_blocks(htot: int, chunks: int, heads: int, tokens: int, sms: int) -> int:
+    """Blocks the step kernel spreads a token's ``htot`` heads over (``chunks`` threads per head,
+    ``heads`` heads per thread): the fewest of <= 256 threads, or with fewer tokens than SMs
+    (b = 1 decode) more and smaller ones, down to a warp each, so that more SMs share the
+    token's instructions."""
+    fewest = -(-htot // (THREADS_PER_BLOCK // chunks * heads))
+    smallest = -(-htot // (max(1, 32 // chunks) * heads))
+    return max(fewest, min(smallest, -(-sms // tokens)))
+
+
 def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, rotary_dim: int,
            interleaved: bool, tables, computed: bool, in_place: bool, flags: int = 0,
            shape_rule: str = "auto", vector_cap: int | None = None,
            index_bits: int | None = None, unroll: int | None = None,
            memory_order: bool = True, step_eligible: bool = False,
-           step_kernel: bool = True) -> Plan:
+           step_kernel: bool = True, step_heads: int | None = None,
+           one_half_per_thread: bool = False) -> Plan:
     """The plan for this problem (see the module doc). ``tables`` is ``(cos, sin, half_table)``
     or ``None``. ``step_eligible``: the caller's part of the step kernel's conditions (no thd, the
     table and position fields fit 32 bits). Ablations: ``flags`` (kernel.RELOAD_TABLE, ...),
     ``shape_rule="fixed"`` (the prefill shape for every size), ``vector_cap``, ``index_bits``,
-    ``unroll``, ``memory_order=False`` and ``step_kernel=False``."""
+    ``unroll``, ``memory_order=False``, ``step_kernel=False``, ``step_heads`` and
+    ``one_half_per_thread``."""
     q = operands[0].src
     elem = q.element_size()
     half = rotary_dim // 2
     # Computed angles: cos/sin rows [R] per token in shared memory (fp32 outputs add their low
-    # parts). In place, a rotate-half thread owns both halves: a thread that loads its partner
-    # from memory could read it after the partner's owner has overwritten it.
+    # parts). A rotate-half thread owns a chunk of both halves in place (a thread that loads its
+    # partner from memory could read it after the partner's owner has overwritten it) and from
+    # given tables (no partner loads: fewer bytes in flight per thread for the same work;
+    # DESIGN.md). Computed angles out of place keep a thread per half (their rows are in shared
+    # memory already), as does the one_half_per_thread ablation.
     lo = computed and q.dtype == torch.float32 and not flags & kernel.ANGLE_FP32
     angle_bytes = (4 if lo else 2) * rotary_dim * 4 if computed else 0
-    if in_place and not interleaved:
+    if not interleaved and (in_place or (tables is not None and not one_half_per_thread)):
         flags |= kernel.BOTH_HALVES
     tail = head_dim - rotary_dim if not in_place else 0
     units = (half,) if not interleaved else (rotary_dim,)
@@ -183,10 +198,14 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
         step_flags = flags if interleaved else flags | kernel.BOTH_HALVES
         step_rot = rotary_dim // v if interleaved else half // v
         step_chunks = step_rot + tail_chunks
-        head_blocks = -(-htot // (THREADS_PER_BLOCK // step_chunks))
-        lanes = -(-htot // head_blocks)
+        # Two heads per thread once the threads would fill half the GPU (a decode step of 256
+        # sequences): the table chunk's loads and conversions serve both.
+        heads = step_heads or (2 if work >= resident // 2 else 1)
+        head_blocks = step_head_blocks(htot, step_chunks, heads, tokens,
+                                       sm_count(q.get_device()))
+        lanes = -(-htot // (head_blocks * heads))
         if head_blocks <= MAX_GRID_Y:
-            name = kernel.step_kernel_name(q.dtype, table_dtype, v, interleaved, step_flags)
+            name = kernel.step_kernel_name(q.dtype, table_dtype, v, interleaved, step_flags, heads)
             return Plan(name, (seqlen, batch, head_blocks), (step_chunks, lanes, 1), 0, v, 1, 32,
                         step_rot, tail_chunks, lanes, 0, step=True)
     if unroll is None:

@@ -16,8 +16,9 @@
 #include <cuda_bf16.h>
 
 // Resident blocks of 256 threads per SM the register budget must allow: one head per step from
-// given tables, a thread per chunk, fits 6 blocks (<= 40 registers, no spills); the unrolled
-// steps, computed angles and both-halves threads keep their registers (a cap spills there).
+// given tables with a thread per chunk of one half (the one_half_per_thread ablation) fits 6
+// blocks (<= 40 registers, no spills); the unrolled steps, computed angles and both-halves
+// threads (the design from given tables) keep their registers (a cap spills there).
 // tools/launch_shape_sweep.py overrides it with -DSTUDY_MIN_BLOCKS_CAP=N.
 #ifdef STUDY_MIN_BLOCKS_CAP
 #define STUDY_MIN_BLOCKS(unroll, computed, flags) STUDY_MIN_BLOCKS_CAP
@@ -90,6 +91,17 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
   return __float2bfloat16_rn(v);
 }
 
+// Two floats rounded to a 16-bit type's pair (the first in the low half), as one word.
+template <typename T> __device__ __forceinline__ unsigned int pack2(float a, float b);
+template <> __device__ __forceinline__ unsigned int pack2<__half>(float a, float b) {
+  const __half2 v = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const unsigned int*>(&v);
+}
+template <> __device__ __forceinline__ unsigned int pack2<__nv_bfloat16>(float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<const unsigned int*>(&v);
+}
+
 template <int BYTES> struct Word;
 template <> struct Word<16> { using type = uint4; };
 template <> struct Word<8> { using type = uint2; };
@@ -129,6 +141,13 @@ template <typename T, int V> struct Chunk {
     return to_float(reinterpret_cast<const T*>(w)[i]);
   }
   __device__ __forceinline__ void set(int i, float v) { reinterpret_cast<T*>(w)[i] = from_float<T>(v); }
+  // Elements i..i+P-1 (P = PACK, i a multiple of it), each rounded once: 16-bit types convert
+  // a pair in one instruction (the same bits as two conversions).
+  static constexpr int PACK = sizeof(T) == 2 && V >= 2 ? 2 : 1;
+  __device__ __forceinline__ void set_packed(int i, const float (&v)[PACK]) {
+    if constexpr (PACK == 2) reinterpret_cast<unsigned int*>(w)[i / 2] = pack2<T>(v[0], v[1]);
+    else set(i, v[0]);
+  }
 };
 
 template <typename T, int V, bool STREAM>
@@ -213,14 +232,18 @@ __device__ __forceinline__ void load_table(const P& p, long long pos, int chunk,
       }
     }
   } else {
-    load_floats<TT, N, false>(cos + chunk * N, a.cA);
-    load_floats<TT, N, false>(sin + chunk * N, a.sA);
-    if (p.half_table) {
+    // All four loads issue before any conversion waits on one (a conversion or branch between
+    // them would hold the second pair a round trip behind the first); half tables read their
+    // one half twice (an L1 hit) rather than branch.
+    const int second = p.half_table ? 0 : p.half;
+    Chunk<TT, N> c0, s0, c1, s1;
+    load_chunk<TT, N, false>(cos + chunk * N, c0);
+    load_chunk<TT, N, false>(sin + chunk * N, s0);
+    load_chunk<TT, N, false>(cos + second + chunk * N, c1);
+    load_chunk<TT, N, false>(sin + second + chunk * N, s1);
 #pragma unroll
-      for (int i = 0; i < N; ++i) { a.cB[i] = a.cA[i]; a.sB[i] = a.sA[i]; }
-    } else {
-      load_floats<TT, N, false>(cos + p.half + chunk * N, a.cB);
-      load_floats<TT, N, false>(sin + p.half + chunk * N, a.sB);
+    for (int i = 0; i < N; ++i) {
+      a.cA[i] = c0.get(i); a.sA[i] = s0.get(i); a.cB[i] = c1.get(i); a.sB[i] = s1.get(i);
     }
   }
 }
@@ -292,15 +315,28 @@ __device__ __forceinline__ void rotate(const Angles<V, INTERLEAVED>& a, Chunk<T,
 #pragma unroll
     for (int i = 0; i < V / 2; ++i) {
       const float f = x.get(2 * i), g = x.get(2 * i + 1);
-      x.set(2 * i, mul_add2<T, LO>(f, a.cA[i], g, -a.sA[i], a.cAl[i], -a.sAl[i]));
-      x.set(2 * i + 1, mul_add2<T, LO>(g, a.cB[i], f, a.sB[i], a.cAl[i], a.sAl[i]));
+      const float r[2] = {mul_add2<T, LO>(f, a.cA[i], g, -a.sA[i], a.cAl[i], -a.sAl[i]),
+                          mul_add2<T, LO>(g, a.cB[i], f, a.sB[i], a.cAl[i], a.sAl[i])};
+      if constexpr (Chunk<T, V>::PACK == 2) {
+        x.set_packed(2 * i, r);
+      } else {
+        x.set(2 * i, r[0]);
+        x.set(2 * i + 1, r[1]);
+      }
     }
   } else {
+    constexpr int P = Chunk<T, V>::PACK;
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
-      const float f = x.get(i), g = y.get(i);
-      x.set(i, mul_add2<T, LO>(f, a.cA[i], g, -a.sA[i], a.cAl[i], -a.sAl[i]));
-      y.set(i, mul_add2<T, LO>(g, a.cB[i], f, a.sB[i], a.cAl[i], a.sAl[i]));
+    for (int i = 0; i < V; i += P) {
+      float rx[P], ry[P];
+#pragma unroll
+      for (int j = 0; j < P; ++j) {
+        const float f = x.get(i + j), g = y.get(i + j);
+        rx[j] = mul_add2<T, LO>(f, a.cA[i + j], g, -a.sA[i + j], a.cAl[i + j], -a.sAl[i + j]);
+        ry[j] = mul_add2<T, LO>(g, a.cB[i + j], f, a.sB[i + j], a.cAl[i + j], a.sAl[i + j]);
+      }
+      x.set_packed(i, rx);
+      y.set_packed(i, ry);
     }
   }
 }
@@ -309,9 +345,16 @@ __device__ __forceinline__ void rotate(const Angles<V, INTERLEAVED>& a, Chunk<T,
 template <typename T, int V, bool LO>
 __device__ __forceinline__ void rotate_split(const Angles<V, false>& a, Chunk<T, V>& x,
                                              const Chunk<T, V>& y) {
+  constexpr int P = Chunk<T, V>::PACK;
 #pragma unroll
-  for (int i = 0; i < V; ++i)
-    x.set(i, mul_add2<T, LO>(x.get(i), a.cA[i], y.get(i), a.sA[i], a.cAl[i], a.sAl[i]));
+  for (int i = 0; i < V; i += P) {
+    float r[P];
+#pragma unroll
+    for (int j = 0; j < P; ++j)
+      r[j] = mul_add2<T, LO>(x.get(i + j), a.cA[i + j], y.get(i + j), a.sA[i + j], a.cAl[i + j],
+                             a.sAl[i + j]);
+    x.set_packed(i, r);
+  }
 }
 
 template <typename T, typename TT, int V, bool INTERLEAVED, bool COMPUTED, typename IDX,
@@ -482,46 +525,58 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
 }
 
 // The step kernel, for small problems (a decode step: a few tokens, all heads of q and k):
-// one thread per (token, head, chunk), no loop, so every thread's loads are in flight at once
-// and no thread waits on another head; rotate-half threads own a chunk of each half (the host
-// sets BOTH_HALVES). Given tables only, no thd; the host (plan.py) picks it when the chunk-rows
-// are fewer than twice the resident threads and every offset fits 32 bits.
-//   grid  (S, B, head_blocks)   block (chunks, heads per block)
+// one thread per (token, chunk) and HEADS heads of it, no loop, so every thread's loads are in
+// flight at once and no thread waits on another; rotate-half threads own a chunk of each half
+// (the host sets BOTH_HALVES). Given tables only, no thd; the host (plan.py) picks it when the
+// chunk-rows are fewer than twice the resident threads and every offset fits 32 bits.
+//   grid  (S, B, head_blocks)   block (chunks, head lanes); lane l of block z takes heads
+//   z * lanes * HEADS + l + u * lanes, u < HEADS, and loads the token's cos/sin chunk once.
 // The data loads are issued first; the position (an id or offset load) and the table row that
 // depends on it follow while they are in flight.
-template <typename T, typename TT, int V, bool INTERLEAVED, int FLAGS>
+template <typename T, typename TT, int V, bool INTERLEAVED, int FLAGS, int HEADS>
 __global__ void __launch_bounds__(256) rope_step(const StepParams p) {
   constexpr bool STREAM = !(FLAGS & NO_CACHE_HINTS);
   constexpr bool SPLIT = !INTERLEAVED && !(FLAGS & BOTH_HALVES);
-  const int hq = p.heads[0];
-  const int h = blockIdx.z * blockDim.y + threadIdx.y;
-  if (h >= hq + p.heads[1]) return;
+  const int hq = p.heads[0], htot = hq + p.heads[1], lanes = blockDim.y;
+  const int h0 = blockIdx.z * lanes * HEADS + threadIdx.y;
+  if (h0 >= htot) return;
   const int s = blockIdx.x, b = blockIdx.y, chunk = threadIdx.x;
-  const bool is_k = h >= hq;
-  const int hh = is_k ? h - hq : h;
   const bool rotary = chunk < p.rot_chunks;
   const int elem = rotary ? chunk * V : 2 * p.half + (chunk - p.rot_chunks) * V;
   const bool first_half = elem < p.half;
-  const int from = b * (is_k ? p.in_sb[1] : p.in_sb[0]) + s * (is_k ? p.in_ss[1] : p.in_ss[0])
-                   + hh * (is_k ? p.in_sh[1] : p.in_sh[0]) + elem;
-  const int to = b * (is_k ? p.out_sb[1] : p.out_sb[0]) + s * (is_k ? p.out_ss[1] : p.out_ss[0])
-                 + hh * (is_k ? p.out_sh[1] : p.out_sh[0]) + elem;
-  const T* src = reinterpret_cast<const T*>(is_k ? p.in[1] : p.in[0]) + from;
-  T* dst = reinterpret_cast<T*>(is_k ? p.out[1] : p.out[0]) + to;
   const int second = INTERLEAVED ? 0 : (SPLIT && !first_half) ? -p.half : p.half;
-  Chunk<T, V> x, y;
-  load_chunk<T, V, STREAM>(src, x);
-  if (!INTERLEAVED && rotary) load_chunk<T, V, STREAM>(src + second, y);
-  if (rotary) {
-    Angles<V, INTERLEAVED> ang;
+  Chunk<T, V> x[HEADS], y[HEADS];
+  T* dst[HEADS];
+#pragma unroll
+  for (int u = 0; u < HEADS; ++u) {
+    const int h = h0 + u * lanes;
+    if (h >= htot) continue;
+    const bool is_k = h >= hq;
+    const int hh = is_k ? h - hq : h;
+    const int from = b * (is_k ? p.in_sb[1] : p.in_sb[0]) + s * (is_k ? p.in_ss[1] : p.in_ss[0])
+                     + hh * (is_k ? p.in_sh[1] : p.in_sh[0]) + elem;
+    const int to = b * (is_k ? p.out_sb[1] : p.out_sb[0]) + s * (is_k ? p.out_ss[1] : p.out_ss[0])
+                   + hh * (is_k ? p.out_sh[1] : p.out_sh[0]) + elem;
+    const T* src = reinterpret_cast<const T*>(is_k ? p.in[1] : p.in[0]) + from;
+    dst[u] = reinterpret_cast<T*>(is_k ? p.out[1] : p.out[0]) + to;
+    load_chunk<T, V, STREAM>(src, x[u]);
+    if (!INTERLEAVED && rotary) load_chunk<T, V, STREAM>(src + second, y[u]);
+  }
+  Angles<V, INTERLEAVED> ang;
+  if (rotary)
     table_angles<TT, V, INTERLEAVED, SPLIT>(p, token_position(p, b, s), chunk, elem, first_half,
                                             ang);
-    if constexpr (SPLIT) {
-      rotate_split<T, V, false>(ang, x, y);
-    } else {
-      rotate<T, V, INTERLEAVED, false>(ang, x, y);
-      if constexpr (!INTERLEAVED) store_chunk<T, V, STREAM>(dst + second, y);
+#pragma unroll
+  for (int u = 0; u < HEADS; ++u) {
+    if (h0 + u * lanes >= htot) continue;
+    if (rotary) {
+      if constexpr (SPLIT) {
+        rotate_split<T, V, false>(ang, x[u], y[u]);
+      } else {
+        rotate<T, V, INTERLEAVED, false>(ang, x[u], y[u]);
+        if constexpr (!INTERLEAVED) store_chunk<T, V, STREAM>(dst[u] + second, y[u]);
+      }
     }
+    store_chunk<T, V, STREAM>(dst[u], x[u]);
   }
-  store_chunk<T, V, STREAM>(dst, x);
 }
