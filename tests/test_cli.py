@@ -181,7 +181,7 @@ def test_design_table_lists_every_implementation(capsys, tmp_path):
             {"impl": "torch.hf_rotate_half", "pct_copy": 12.0}]
     path = tmp_path / "prefill.json"
     path.write_text(json.dumps(rows))
-    code, out, _ = run(capsys, "--design", str(path))
+    code, out, _ = run(capsys, "--design", str(path), "--verbose")  # a row per line
     assert code == 0
     for name in (s.name for s in registry.select()):
         assert name in out

@@ -91,7 +91,7 @@ _COMMON = dict(
     tensors_per_launch=2, strided=True, index_bits=64, asymmetric_tables=True,
     launch="grid (s/tokens, b, head splits) x block (chunks, head lanes, tokens), from the size;"
            " sbhd with computed angles: tokens in memory order",
-    per_thread="one V-element chunk of each half (rotate-half) x 1-4 heads per step",
+    per_thread="a V-element chunk of each half x 1-4 heads per step",
     access="16 B (widest that divides R/2 and every stride)",
 )
 
