@@ -8,6 +8,12 @@ ablation), the step kernel with plain loads and stores, with 2 or 4 heads per th
 token's heads in the fewest blocks (b = 1: 2 blocks, not 10), beside the installed peers and
 the launch floor (a one-element fill).
 
+``minimal``: the same decode steps against minimal kernels in the step kernel's shape (grid
+(1, B, 2), 8 threads per head, both halves of a 16-byte chunk, in place): the data and a fixed
+table row (xor for math), the same with the row through the offsets (the dependent load);
+beside fastrope with an offsets tensor and with an int offset, Liger with its rows given and
+after its own gather, and the launch floor.
+
 ``prefill``: the suite's bf16 rotate-half cases of at least 2^20 token-heads, event timed: the
 design, computed angles, 1, 2 or 8 heads per step, plain loads and stores, a thread owning one
 half (loading its partner), and the step kernel forced at every size (out of place and in place), beside the peers.
@@ -15,7 +21,7 @@ half (loading its partner), and the step kernel forced at every size (out of pla
 Everything runs through the harness (equal inputs, validated against the float64 oracle). Each
 value is the minimum over ``reps`` rounds of the median, rounds interleaved across cases.
 
-    python -m tools.decode_peers_probe [decode] [prefill] [--reps N]
+    python -m tools.decode_peers_probe [decode] [minimal] [prefill] [--reps N]
 """
 from __future__ import annotations
 
@@ -107,6 +113,76 @@ def _floor():
           f"{min(graph_median_us(one.zero_) for _ in range(REPS)):.2f}")
 
 
+MINIMAL_SRC = r'''
+template <bool THROUGH_OFFSETS>
+__global__ void minimal(uint4* q, uint4* k, const uint4* cos, const uint4* sin,
+                        const long long* offs, int hq, int hk) {
+  const int b = blockIdx.y, chunk = threadIdx.x;
+  const int h = blockIdx.z * blockDim.y + threadIdx.y;
+  if (h >= hq + hk) return;
+  uint4* row = h >= hq ? k + ((long long)b * hk + (h - hq)) * 16 : q + ((long long)b * hq + h) * 16;
+  uint4 x = row[chunk], y = row[chunk + 8];
+  const long long r = THROUGH_OFFSETS ? offs[b] : 7;
+  const uint4 ca = cos[r * 16 + chunk], cb = cos[r * 16 + chunk + 8];
+  const uint4 sa = sin[r * 16 + chunk], sb = sin[r * 16 + chunk + 8];
+  x.x ^= ca.x ^ sa.y; x.y ^= ca.y ^ sa.x; x.z ^= ca.z ^ sa.w; x.w ^= ca.w ^ sa.z;
+  y.x ^= cb.x ^ sb.y; y.y ^= cb.y ^ sb.x; y.z ^= cb.z ^ sb.w; y.w ^= cb.w ^ sb.z;
+  row[chunk] = x; row[chunk + 8] = y;
+}
+'''
+
+
+def minimal():
+    import cupy
+    import torch
+
+    from ports.fastrope import apply_rope_inplace
+    from ports.harness.timing import graph_median_us
+    from reference.case import make_inputs
+
+    mod = cupy.RawModule(code=MINIMAL_SRC, options=("-std=c++17",),
+                         name_expressions=["minimal<false>", "minimal<true>"])
+    kernels = {"minimal: data + a fixed table row": mod.get_function("minimal<false>"),
+               "minimal: the row through the offsets": mod.get_function("minimal<true>")}
+    liger = _liger_rope()
+    for case in [c for c in get_suite("peers") if c.seqlen == 1 and c.dtype == "bf16"]:
+        inputs = make_inputs(case, 0, torch.device("cuda"))
+        q, k = [x.clone() for x in inputs.xs]
+        b, hq, hk = q.shape[0], q.shape[2], k.shape[2]
+        cos, sin, offs = inputs.cos, inputs.sin, inputs.offsets
+        assert cos.shape[1] == 128 and cos.dtype == torch.bfloat16 and cos.is_contiguous()
+
+        def launch(kern):
+            def call():
+                with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+                    kern((1, b, 2), (8, -(-(hq + hk) // 2), 1),
+                         (q.data_ptr(), k.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                          offs.data_ptr(), hq, hk))
+            return call
+
+        calls = {name: launch(kern) for name, kern in kernels.items()}
+        kw = dict(cos=cos, sin=sin, check_positions=False)
+        calls["fastrope step kernel, offsets tensor"] = \
+            lambda: apply_rope_inplace(q, k, offsets=offs, **kw)
+        calls["fastrope step kernel, int offset"] = \
+            lambda: apply_rope_inplace(q, k, offsets=1000, **kw)
+        calls["liger.rope (rows given)"] = registry.get("liger.rope").prepare(case, inputs)
+        qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+        calls["liger after its own gather"] = \
+            lambda: liger(qt, kt, cos[inputs.positions], sin[inputs.positions])
+        one = torch.empty(1, device="cuda")
+        calls["floor: a one-element fill"] = one.zero_
+        print(f"\n## {case.describe()}: graph us, min of {REPS} medians")
+        for name, call in calls.items():
+            print(f"| {name} | {min(graph_median_us(call) for _ in range(REPS)):.2f} |")
+
+
+def _liger_rope():
+    from ports.peers.canonical import _liger
+
+    return _liger().LigerRopeFunction.apply
+
+
 def prefill():
     cases = [c for c in get_suite("peers") if c.seqlen > 1 and c.style == "rotate_half"
              and c.batch * c.seqlen * c.heads >= 1 << 20 and c.dtype == "bf16"]
@@ -123,7 +199,7 @@ def prefill():
     _table("prefill", cases, specs, [(_huge_gpu, [forced, forced_ip])], graph=False)
 
 
-PROBES = {"decode": decode, "prefill": prefill}
+PROBES = {"decode": decode, "minimal": minimal, "prefill": prefill}
 
 if __name__ == "__main__":
     args = sys.argv[1:]

@@ -4,6 +4,9 @@ warm-up, between cudaProfilerStart/Stop: what Nsight Compute profiles to compare
 
     ncu --profile-from-start off python -m tools.ncu_targets prefill   # bshd 4x4096x32x128 bf16
     ncu --profile-from-start off python -m tools.ncu_targets decode    # b=64 decode step, offsets
+    ncu --profile-from-start off python -m tools.ncu_targets peers_long
+        # the peers suite's 1x32768x32x128 bf16 case with k (harness inputs): fastrope (tables,
+        # computed, in place), Liger, flash-attn, torch.compile and a copy of the same bytes
 """
 from __future__ import annotations
 
@@ -48,7 +51,28 @@ def decode():
               lambda: apply_rope(x, cos=cos, sin=sin, offsets=offs, check_positions=False)])
 
 
-TARGETS = {"prefill": prefill, "decode": decode}
+def peers_long():
+    from ports import registry
+    from ports.harness.suites import get_suite
+    from reference.case import make_inputs
+
+    case = next(c for c in get_suite("peers") if c.batch == 1 and c.seqlen == 32768)
+    inputs = make_inputs(case, 0, torch.device("cuda"))
+    calls = []
+    for name in ("fastrope.rope", "fastrope.rope_computed", "fastrope.rope_inplace", "liger.rope",
+                 "flash_attn.apply_rotary", "torch.compile(hf_rotate_half)"):
+        spec = registry.get(name)
+        reason = spec.unsupported_reason(case)
+        if reason:
+            print(f"skipped {name}: {reason}")
+        else:
+            calls.append(spec.prepare(case, inputs))
+    src = torch.empty(case.io_bytes() // 4, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    _profile(calls + [lambda: dst.copy_(src)])
+
+
+TARGETS = {"prefill": prefill, "decode": decode, "peers_long": peers_long}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in TARGETS:
