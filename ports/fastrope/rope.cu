@@ -357,6 +357,22 @@ __device__ __forceinline__ void rotate_split(const Angles<V, false>& a, Chunk<T,
   }
 }
 
+// One head's chunk: rotary threads rotate it (x, and for rotate-half with both halves y, whose
+// store goes R/2 further); pass-through tail threads store their raw words unchanged (bit-exact).
+template <typename T, int V, bool INTERLEAVED, bool SPLIT, bool LO, bool STREAM>
+__device__ __forceinline__ void rotate_store(const Angles<V, INTERLEAVED>& ang, Chunk<T, V>& x,
+                                             Chunk<T, V>& y, T* dst, int second, bool rotary) {
+  if (rotary) {
+    if constexpr (SPLIT) {
+      rotate_split<T, V, LO>(ang, x, y);
+    } else {
+      rotate<T, V, INTERLEAVED, LO>(ang, x, y);
+      if constexpr (!INTERLEAVED) store_chunk<T, V, STREAM>(dst + second, y);
+    }
+  }
+  store_chunk<T, V, STREAM>(dst, x);
+}
+
 template <typename T, typename TT, int V, bool INTERLEAVED, bool COMPUTED, typename IDX,
           int UNROLL, int FLAGS>
 __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)) study_rope(const Params p) {
@@ -511,15 +527,8 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
             have_angles = true;
           }
         }
-        if constexpr (SPLIT) {
-          rotate_split<T, V, LO>(ang, x[u], y[u]);
-        } else {
-          rotate<T, V, INTERLEAVED, LO>(ang, x[u], y[u]);
-          if constexpr (!INTERLEAVED) store_chunk<T, V, STREAM>(dst[u] + second, y[u]);
-        }
       }
-      // Pass-through tail threads store their raw words unchanged (bit-exact).
-      store_chunk<T, V, STREAM>(dst[u], x[u]);
+      rotate_store<T, V, INTERLEAVED, SPLIT, LO, STREAM>(ang, x[u], y[u], dst[u], second, rotary);
     }
   }
 }
@@ -568,15 +577,7 @@ __global__ void __launch_bounds__(256) rope_step(const StepParams p) {
                                             ang);
 #pragma unroll
   for (int u = 0; u < HEADS; ++u) {
-    if (h0 + u * lanes >= htot) continue;
-    if (rotary) {
-      if constexpr (SPLIT) {
-        rotate_split<T, V, false>(ang, x[u], y[u]);
-      } else {
-        rotate<T, V, INTERLEAVED, false>(ang, x[u], y[u]);
-        if constexpr (!INTERLEAVED) store_chunk<T, V, STREAM>(dst[u] + second, y[u]);
-      }
-    }
-    store_chunk<T, V, STREAM>(dst[u], x[u]);
+    if (h0 + u * lanes < htot)
+      rotate_store<T, V, INTERLEAVED, SPLIT, false, STREAM>(ang, x[u], y[u], dst[u], second, rotary);
   }
 }
