@@ -108,6 +108,22 @@ def test_pct_size_copy_is_copy_time_over_this_time():
     assert row.pct_size_copy is None
 
 
+def test_graph_pct_size_copy_divides_graph_times():
+    """The replayed copy over the replayed call; no graph time on either side: no value."""
+    results = [timed("both", 50.0, graph_us=40.0), timed("event only", 50.0)]
+    metrics.derive(results, io_bytes=CASE.io_bytes(), copy_same_us=45.0,
+                   copy_same_graph_us=36.0)
+    both, event_only = results
+    assert both.graph_pct_size_copy == pytest.approx(90.0)
+    assert both.pct_size_copy == pytest.approx(90.0) and event_only.graph_pct_size_copy is None
+    metrics.derive(results, io_bytes=CASE.io_bytes(), copy_same_us=45.0)
+    assert both.graph_pct_size_copy is None
+    rep = CaseReport(CASE, results, 3000.0, None, 45.0, 36.0)
+    assert "same-size copy 45.0 us" in report.case_table(rep).splitlines()[1]
+    assert ", replayed 36.0 us" in report.case_table(rep).splitlines()[1]
+    assert report.flat_rows([rep], {})[0]["copy_same_graph_us"] == 36.0
+
+
 def test_flat_rows_carry_the_new_fields():
     rep = CaseReport(CASE, with_ratios([timed("port", 90.0), timed(COMPILE, 100.0)], 45.0),
                      3000.0, None, 45.0)
@@ -162,11 +178,13 @@ def test_run_case_on_cpu_times_nothing():
 
 @pytest.mark.gpu
 def test_copy_us_times_a_real_copy():
+    """Event and replayed times of the same copy: finite, and longer for 64x the bytes."""
     fn = timing._copy_of(1 << 20)
     dst, src = fn.args
     dst.zero_()
     fn()
     torch.cuda.synchronize()
     assert src.float().std() > 0 and torch.equal(dst, src)  # random data, really copied
-    small, large = timing.copy_us(1 << 20), timing.copy_us(1 << 26)
-    assert math.isfinite(small) and 0 < small < large       # 64x the bytes takes longer
+    for graph in (False, True):
+        small, large = (timing.copy_us(n, graph=graph) for n in (1 << 20, 1 << 26))
+        assert math.isfinite(small) and 0 < small < large   # 64x the bytes takes longer

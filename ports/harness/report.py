@@ -27,6 +27,8 @@ HOST_BOUND_NOTE = (f"{HOST_BOUND_MARK} host-bound event time: over twice the CUD
 SUMMARY_FORMATS = {"pct_copy": ".0f", "pct_size_copy": ".0f", "vs_compile": ".2f",
                    "graph_vs_compile": ".2f", "vs_fastest": ".2f", "graph_vs_fastest": ".2f"}
 SUMMARY_TITLES = {"vs_fastest": "time / the case's fastest time (1.00 = fastest)",
+                  "graph_pct_size_copy": "% of the speed of a same-size copy, both replayed "
+                                         "from CUDA graphs",
                   "graph_vs_fastest": "CUDA-graph time / the case's fastest graph time "
                                       "(1.00 = fastest)"}
 
@@ -180,12 +182,13 @@ def case_table(report: CaseReport, graph: bool = False, verbose: bool = False,
     ``verbose``: a full row for every implementation."""
     case = report.case
     title = f"## {case.label + ': ' if case.label else ''}{case.describe()}"
-    same = report.copy_same_us
+    same, replayed = report.copy_same_us, report.copy_same_graph_us
     same_gbps = gbps(case.io_bytes(), same)
     lines = [title,
              f"bytes moved {_bytes(case.io_bytes())} (rotated tensors, read + write)"
              + (f"; copy {report.copy_gbps:.0f} GB/s" if report.copy_gbps else "")
              + (f"; same-size copy {same:.1f} us ({same_gbps:.0f} GB/s)" if same else "")
+             + (f", replayed {replayed:.1f} us" if same and replayed else "")
              + (f"; vs eager: {report.baseline}" if report.baseline else "; no eager baseline")]
     if verbose:
         rows = [result_row(r, graph) for r in report.results]
@@ -216,7 +219,8 @@ def flat_rows(reports: Iterable[CaseReport], meta: dict[str, str]) -> list[dict]
         for r in rep.results:
             rows.append({**meta, **case_fields, "case": rep.case.describe(),
                          "io_bytes": rep.case.io_bytes(), "copy_gbps": rep.copy_gbps,
-                         "copy_same_us": rep.copy_same_us, "baseline": rep.baseline,
+                         "copy_same_us": rep.copy_same_us,
+                         "copy_same_graph_us": rep.copy_same_graph_us, "baseline": rep.baseline,
                          **r.as_dict()})
     return rows
 

@@ -41,6 +41,7 @@ class Result:
     gbps: float | None = None
     pct_copy: float | None = None
     pct_size_copy: float | None = None  # % of the speed of a copy moving the same bytes
+    graph_pct_size_copy: float | None = None  # the same, both replayed from CUDA graphs
     speedup: float | None = None       # baseline time / this time
     vs_compile: float | None = None    # this time / torch.compile's (< 1: faster)
     graph_vs_compile: float | None = None  # the same from graph_us
@@ -61,6 +62,7 @@ class CaseReport:
     copy_gbps: float | None
     baseline: str | None
     copy_same_us: float | None = None  # a device copy moving the case's io_bytes
+    copy_same_graph_us: float | None = None  # the same copy replayed from a CUDA graph
 
     @property
     def failed(self) -> bool:
@@ -173,12 +175,15 @@ def run_case(case: RopeCase, specs: Sequence[ImplSpec], *, seed: int = 0,
     # Inputs are freed: a copy of the case's own size (what small cases can reach), once.
     copy_same_us = (timing.copy_us(case.io_bytes() // 2, device.index or 0)
                     if any(r.median_us is not None for r in results) else None)
+    # and replayed, where the case's calls were (graph times against a graph time)
+    copy_same_graph_us = (timing.copy_us(case.io_bytes() // 2, device.index or 0, graph=True)
+                          if any(r.graph_us is not None for r in results) else None)
     compiled = next((s.name for s in specs if s.compile_reference), None)
     metrics.derive(results, io_bytes=case.io_bytes(), copy_gbps=copy_gbps,
-                   copy_same_us=copy_same_us, baseline=baseline and baseline.name,
-                   compiled=compiled)
+                   copy_same_us=copy_same_us, copy_same_graph_us=copy_same_graph_us,
+                   baseline=baseline and baseline.name, compiled=compiled)
     return CaseReport(case, results, copy_gbps, baseline.name if baseline else None,
-                      copy_same_us)
+                      copy_same_us, copy_same_graph_us)
 
 
 def _run_one(case, spec, inputs, targets, timing_on, graph) -> Result:

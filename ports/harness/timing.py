@@ -36,11 +36,12 @@ def copy_bandwidth_gbps(device_index: int = 0, nbytes: int = COPY_BYTES) -> floa
     return gbps(2 * nbytes, copy_us(nbytes, device_index))
 
 
-def copy_us(nbytes: int, device_index: int = 0) -> float:
-    """Median time of a device-to-device copy of ``nbytes`` (2 x nbytes moved), in microseconds;
-    its buffers are freed before it returns."""
+def copy_us(nbytes: int, device_index: int = 0, *, graph: bool = False) -> float:
+    """Median time of a device-to-device copy of ``nbytes`` (2 x nbytes moved), in microseconds,
+    event timed (``graph``: replayed from a CUDA graph); its buffers are freed before it
+    returns."""
     with torch.cuda.device(device_index):
-        us = median_us(_copy_of(nbytes))
+        us = (graph_median_us if graph else median_us)(_copy_of(nbytes))
         torch.cuda.empty_cache()
     return us
 
