@@ -423,18 +423,25 @@ def test_tuning_sets_the_plan_options(monkeypatch):
     one_half = _plan(monkeypatch, **Tuning(one_half_per_thread=True).plan_options())
     assert one_half.kernel.endswith(", 0>") and one_half.rot_chunks == 2 * _plan(monkeypatch).rot_chunks
     assert _plan(monkeypatch, **Tuning(step_heads=2).plan_options(), shape=(64, 1, 32, 128),
-                 step_eligible=True).kernel.endswith(", 2>")
+                 step_eligible=True).kernel.endswith(", 2, -1>")
+    assert _plan(monkeypatch, **Tuning(runtime_switches=True).plan_options(),
+                 shape=(64, 1, 32, 128), step_eligible=True,
+                 step_switches=1).kernel.endswith(", 1, -1>")
 
 
 def test_compile_checked_instantiations_cover_the_kernel():
     """MODULE (what the sm_90 compile test builds) holds every dtype, style, angle source and
-    FLAGS bit, and 64-bit offsets."""
+    FLAGS bit, 64-bit offsets, and the step kernel's switches."""
     names = MODULE.kernels
     assert names == kernel.COMPILE_CHECKED and len(set(names)) == len(names)
     step = [n[n.index("<") + 1:-1].split(", ") for n in names if n.startswith("rope_step<")]
-    # rope_step<T, TT, V, INTERLEAVED, FLAGS, HEADS>: every element type and both styles
+    # rope_step<T, TT, V, INTERLEAVED, FLAGS, HEADS, SWITCHES>: every element type and both
+    # styles; every switch compiled in, and the switches read at run time
     assert {a[0] for a in step} == set(kernel.CTYPE.values())
     assert {a[3] for a in step} == {"false", "true"}
+    switches = {int(a[6]) for a in step}
+    assert kernel.RUNTIME_SWITCHES in switches
+    assert all(any(sw >= 0 and sw & bit for sw in switches) for bit in (1, 2, 4, 8, 16))
     # study_rope<T, TT, V, INTERLEAVED, COMPUTED, IDX, UNROLL, FLAGS>
     args = [n[n.index("<") + 1:-1].split(", ") for n in names if n.startswith("study_rope<")]
     assert {a[0] for a in args} == set(kernel.CTYPE.values())
@@ -548,6 +555,22 @@ def test_kernel_name_is_the_template_instantiation():
             == "study_rope<__nv_bfloat16, float, 8, false, true, int, 4, 0>")
     assert (kernel.kernel_name(torch.float16, torch.float16, 2, True, False, 64, 1, 5)
             == "study_rope<__half, __half, 2, true, false, long long, 1, 5>")
+    assert (kernel.step_kernel_name(torch.bfloat16, torch.float32, 8, False, kernel.BOTH_HALVES,
+                                    2, kernel.step_switches(2, True, False, True))
+            == "rope_step<__nv_bfloat16, float, 8, false, 16, 2, 22>")
+
+
+def test_step_switches_pack_rope_cu_step_args():
+    """kernel.step_switches packs the bits rope.cu's StepArgs<SWITCHES> unpacks."""
+    src = (pathlib.Path(kernel.__file__).parent / kernel.FILENAME).read_text()
+    unpack = dict(re.findall(r"static constexpr int (\w+) = \(?SWITCHES( >> \d+)?\)? & 1?3?", src))
+    assert unpack == {"pos_mode": "", "pos_int32": " >> 2", "half_table": " >> 3",
+                      "backward": " >> 4"}
+    assert [kernel.step_switches(m, *bits) for m, *bits in
+            ((0, False, False, False), (2, False, False, False), (0, True, False, False),
+             (0, False, True, False), (0, False, False, True))] == [0, 2, 4, 8, 16]
+    with pytest.raises(ValueError, match="pos_mode"):
+        kernel.step_switches(3, False, False, False)
 
 
 @pytest.mark.parametrize("shape,k_heads,rotary_dim,computed", [
@@ -631,9 +654,9 @@ def test_launcher_packs_the_kernels_parameter_layouts():
 def test_plan_small_problems_take_the_step_kernel(monkeypatch):
     """Given tables, fewer chunk-rows than twice the resident threads, 32-bit offsets and the
     caller's conditions met (step_eligible): the step kernel, one thread per (token, chunk) and
-    1 or 2 heads, grid (S, B, head blocks), the heads of a token spread evenly over the fewest
-    blocks of <= 256 threads, or over more (down to a warp each) while the blocks are fewer than
-    the SMs. Anything else takes the main kernel."""
+    one head (step_heads: more), grid (S, B, head blocks), the heads of a token spread evenly
+    over the fewest blocks of <= 256 threads, or over more (down to a warp each) while the blocks
+    are fewer than the SMs. Anything else takes the main kernel."""
     decode = dict(shape=(64, 1, 32, 128), k_heads=8)
     p = _plan(monkeypatch, **decode, step_eligible=True)
     # rotate-half: a thread owns a chunk of each half (8 chunk threads per row of 128 bf16)
@@ -645,13 +668,21 @@ def test_plan_small_problems_take_the_step_kernel(monkeypatch):
     # b = 1: 10 blocks of a warp (4 heads) each, on 10 SMs
     one = _plan(monkeypatch, (1, 1, 32, 128), k_heads=8, step_eligible=True)
     assert one.step and one.grid == (1, 1, 10) and one.block == (8, 4, 1)
-    # 256 x 72 heads x 8 chunks fill more than half the resident threads: 2 heads per thread,
-    # 2 blocks of 18 lanes (36 heads) per token
+    # 256 x 72 heads: 3 blocks of 24 heads per token, one head per thread; 2 heads per thread
+    # (the step_heads ablation): 2 blocks of 18 lanes
     wide = _plan(monkeypatch, (256, 1, 64, 128), k_heads=8, step_eligible=True)
-    assert wide.step and wide.grid == (1, 256, 2) and wide.block == (8, 18, 1)
-    assert wide.kernel.endswith(", 2>") and p.kernel.endswith(", 1>")
+    assert wide.step and wide.grid == (1, 256, 3) and wide.block == (8, 24, 1)
+    two = _plan(monkeypatch, (256, 1, 64, 128), k_heads=8, step_eligible=True, step_heads=2)
+    assert two.grid == (1, 256, 2) and two.block == (8, 18, 1)
+    assert two.kernel.endswith(", 2, -1>") and p.kernel.endswith(", 1, -1>")
     inter = _plan(monkeypatch, **decode, interleaved=True, in_place=True, step_eligible=True)
-    assert inter.step and inter.kernel.endswith(", 8, true, 0, 1>") and inter.block[0] == 16
+    assert inter.step and inter.kernel.endswith(", 8, true, 0, 1, -1>") and inter.block[0] == 16
+    # the problem's switches compiled in, unless the runtime_switches ablation reads them
+    sw = kernel.step_switches(1, False, True, True)  # offsets, int64, [L, R/2] tables, backward
+    assert _plan(monkeypatch, **decode, step_eligible=True,
+                 step_switches=sw).kernel.endswith(f", 1, {sw}>")
+    assert _plan(monkeypatch, **decode, step_eligible=True, step_switches=sw,
+                 runtime_switches=True).kernel.endswith(", 1, -1>")
     partial = _plan(monkeypatch, **decode, rotary_dim=64, step_eligible=True)
     assert partial.rot_chunks == 4 and partial.tail_chunks == 8 and partial.block[0] == 12
     for kw in (dict(computed=True), dict(step_kernel=False), dict(unroll=1),

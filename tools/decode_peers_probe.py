@@ -4,15 +4,17 @@ choices makes the difference? (Needs a GPU.)
 ``decode``: the peers suite's bf16 decode cases (GQA k with 8 heads, tables in x's dtype, one
 offset per sequence in a 4k context) at b = 1, 64 and 256 (64 q heads at 256), CUDA-graph
 timed: the design (the step kernel at these sizes), the main kernel (the ``no_step_kernel``
-ablation), the step kernel with plain loads and stores, with 2 or 4 heads per thread, and with a
+ablation), the step kernel reading its switches at run time, with plain loads and stores, with 2
+or 4 heads per thread, and with a
 token's heads in the fewest blocks (b = 1: 2 blocks, not 10), beside the installed peers and
 the launch floor (a one-element fill).
 
 ``minimal``: the same decode steps against minimal kernels in the step kernel's shape (grid
 (1, B, 2), 8 threads per head, both halves of a 16-byte chunk, in place): the data and a fixed
 table row (xor for math), the same with the row through the offsets (the dependent load);
-beside fastrope with an offsets tensor and with an int offset, Liger with its rows given and
-after its own gather, and the launch floor.
+beside fastrope with an offsets tensor, with an int offset, and with an offsets tensor and its
+switches read at run time, Liger with its rows given and after its own gather, and the launch
+floor.
 
 ``prefill``: the suite's bf16 rotate-half cases of at least 2^20 token-heads, event timed: the
 design, computed angles, 1, 2 or 8 heads per step, plain loads and stores, a thread owning one
@@ -30,7 +32,7 @@ import sys
 from unittest import mock
 
 from ports import registry
-from ports.fastrope import kernel, plan
+from ports.fastrope import ablation, kernel, plan
 from ports.fastrope.ablation import Tuning
 from ports.fastrope.canonical import _ablation, _preparer
 from ports.harness.runner import run_case
@@ -40,6 +42,7 @@ from tools._probe_kit import run_named
 PEERS = ("liger.rope", "flash_attn.apply_rotary", "flash_attn.apply_rotary_inplace",
          "torch.compile(hf_rotate_half)")
 REPS = 3
+RUNTIME = Tuning(runtime_switches=True)
 
 
 def _huge_gpu():
@@ -92,8 +95,11 @@ def decode():
     specs = [registry.get(n) for n in ("fastrope.rope", "fastrope.rope_inplace",
                                        "fastrope-ablation.no_step_kernel") + PEERS]
     specs += _variants({
+        "step_runtime_switches": dict(runtime_switches=True),
         "step_no_hints": dict(flags=kernel.NO_CACHE_HINTS),
-        "step_h2": dict(step_heads=2), "step_h4": dict(step_heads=4),
+        "step_h1": dict(step_heads=1), "step_h2": dict(step_heads=2),
+        "step_h4": dict(step_heads=4),
+        "step_h1_no_hints": dict(step_heads=1, flags=kernel.NO_CACHE_HINTS),
     })
     fewest = [_ablation("step_fewest_blocks", "the step kernel's heads in the fewest blocks", {}),
               _ablation("step_h2_fewest_blocks", "2 heads per thread, the fewest blocks",
@@ -166,6 +172,8 @@ def minimal():
             lambda: apply_rope_inplace(q, k, offsets=offs, **kw)
         calls["fastrope step kernel, int offset"] = \
             lambda: apply_rope_inplace(q, k, offsets=1000, **kw)
+        calls["fastrope step kernel, offsets tensor, switches read at run time"] = \
+            lambda: ablation.apply_rope_inplace(q, k, offsets=offs, tuning=RUNTIME, **kw)
         calls["liger.rope (rows given)"] = registry.get("liger.rope").prepare(case, inputs)
         qt, kt = q.transpose(1, 2), k.transpose(1, 2)
         calls["liger after its own gather"] = \

@@ -7,6 +7,10 @@ warm-up, between cudaProfilerStart/Stop: what Nsight Compute profiles to compare
     ncu --profile-from-start off python -m tools.ncu_targets peers_long
         # the peers suite's 1x32768x32x128 bf16 case with k (harness inputs): fastrope (tables,
         # computed, in place), Liger, flash-attn, torch.compile and a copy of the same bytes
+    ncu --profile-from-start off python -m tools.ncu_targets decode_step
+        # the peers suite's bf16 decode steps at b = 1 and 64 (harness inputs): fastrope's step
+        # kernel (offsets tensor), the minimal kernel with the row through the offsets
+        # (tools/decode_peers_probe.py) and Liger with its rows given, in that order per case
 """
 from __future__ import annotations
 
@@ -72,7 +76,43 @@ def peers_long():
     _profile(calls + [lambda: dst.copy_(src)])
 
 
-TARGETS = {"prefill": prefill, "decode": decode, "peers_long": peers_long}
+def decode_step():
+    import cupy
+
+    from ports import registry
+    from ports.harness.suites import get_suite
+    from reference.case import make_inputs
+    from tools.decode_peers_probe import MINIMAL_SRC
+
+    mod = cupy.RawModule(code=MINIMAL_SRC, options=("-std=c++17",),
+                         name_expressions=["minimal<true>"])
+    minimal = mod.get_function("minimal<true>")
+    calls = []
+    for case in get_suite("peers"):
+        if case.seqlen != 1 or case.dtype != "bf16" or case.batch not in (1, 64):
+            continue
+        inputs = make_inputs(case, 0, torch.device("cuda"))
+        q, k = [x.clone() for x in inputs.xs]
+        b, hq, hk = q.shape[0], q.shape[2], k.shape[2]
+
+        def launch(q=q, k=k, b=b, hq=hq, hk=hk, inputs=inputs):
+            with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+                minimal((1, b, 2), (8, -(-(hq + hk) // 2), 1),
+                        (q.data_ptr(), k.data_ptr(), inputs.cos.data_ptr(),
+                         inputs.sin.data_ptr(), inputs.offsets.data_ptr(), hq, hk))
+
+        calls += [registry.get("fastrope.rope").prepare(case, inputs), launch]
+        liger = registry.get("liger.rope")
+        reason = liger.unsupported_reason(case) or liger.missing()
+        if reason:
+            print(f"skipped liger.rope: {reason}")
+        else:
+            calls.append(liger.prepare(case, inputs))
+    _profile(calls)
+
+
+TARGETS = {"prefill": prefill, "decode": decode, "peers_long": peers_long,
+           "decode_step": decode_step}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in TARGETS:

@@ -31,6 +31,7 @@ class Tuning:
     step_kernel: bool = True        # False: small problems take the main kernel too
     step_heads: int | None = None   # heads per thread in the step kernel
     one_half_per_thread: bool = False  # out of place from tables: a thread per half + partner
+    runtime_switches: bool = False  # the step kernel reads the problem's switches at run time
 
     def __post_init__(self):
         if not isinstance(self.flags, int) or self.flags & ~FLAGS or self.flags < 0:
@@ -50,7 +51,8 @@ class Tuning:
         return dict(flags=self.flags, shape_rule=self.shape_rule, vector_cap=self.vector_cap,
                     index_bits=self.index_bits, unroll=self.unroll,
                     memory_order=self.memory_order, step_kernel=self.step_kernel,
-                    step_heads=self.step_heads, one_half_per_thread=self.one_half_per_thread)
+                    step_heads=self.step_heads, one_half_per_thread=self.one_half_per_thread,
+                    runtime_switches=self.runtime_switches)
 
 
 DESIGN = Tuning()

@@ -147,6 +147,8 @@ def _ablations() -> list[ImplSpec]:
         _ablation("int64_index", "64-bit offsets even when 32-bit fit", dict(index_bits=64)),
         _ablation("no_step_kernel", "small problems (a decode step) take the main kernel, "
                   "not the step kernel", dict(step_kernel=False)),
+        _ablation("runtime_switches", "the step kernel reads the position form, id width, "
+                  "table width and direction at run time", dict(runtime_switches=True)),
         _ablation("separate_launches", "q and k in two launches", dict(separate_launches=True)),
         _ablation("sequence_per_block_row", "sbhd, computed angles: the grid walks each "
                   "sequence in turn, not the tokens in memory order", dict(memory_order=False),

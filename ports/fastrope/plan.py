@@ -12,7 +12,8 @@ Everything here is plain integer arithmetic on shapes, strides and addresses:
 * grid (token blocks, sequences, head splits) x block (chunks, head lanes, tokens); sbhd with
   computed angles walks the (s, b) tokens in memory order instead (``fold``).
 * small problems (a decode step) from given tables take rope.cu's step kernel instead: one
-  thread per (token, head, chunk), grid (S, B, head blocks), 32-bit fields.
+  thread per (token, head, chunk), grid (S, B, head blocks), 32-bit fields, the problem's
+  switches (position form, id width, table width, direction) compiled in.
 
 The keyword arguments of :func:`choose` after ``in_place`` force an ablation (see ablation.py);
 their defaults are the design.
@@ -117,13 +118,15 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
            index_bits: int | None = None, unroll: int | None = None,
            memory_order: bool = True, step_eligible: bool = False,
            step_kernel: bool = True, step_heads: int | None = None,
-           one_half_per_thread: bool = False) -> Plan:
+           one_half_per_thread: bool = False,
+           step_switches: int = kernel.RUNTIME_SWITCHES, runtime_switches: bool = False) -> Plan:
     """The plan for this problem (see the module doc). ``tables`` is ``(cos, sin, half_table)``
     or ``None``. ``step_eligible``: the caller's part of the step kernel's conditions (no thd, the
-    table and position fields fit 32 bits). Ablations: ``flags`` (kernel.RELOAD_TABLE, ...),
-    ``shape_rule="fixed"`` (the prefill shape for every size), ``vector_cap``, ``index_bits``,
-    ``unroll``, ``memory_order=False``, ``step_kernel=False``, ``step_heads`` and
-    ``one_half_per_thread``."""
+    table and position fields fit 32 bits); ``step_switches``: the problem's
+    ``kernel.step_switches`` for the step kernel to compile in (the default reads them at run
+    time). Ablations: ``flags`` (kernel.RELOAD_TABLE, ...), ``shape_rule="fixed"`` (the prefill
+    shape for every size), ``vector_cap``, ``index_bits``, ``unroll``, ``memory_order=False``,
+    ``step_kernel=False``, ``step_heads``, ``one_half_per_thread`` and ``runtime_switches``."""
     q = operands[0].src
     elem = q.element_size()
     half = rotary_dim // 2
@@ -198,14 +201,15 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
         step_flags = flags if interleaved else flags | kernel.BOTH_HALVES
         step_rot = rotary_dim // v if interleaved else half // v
         step_chunks = step_rot + tail_chunks
-        # Two heads per thread once the threads would fill half the GPU (a decode step of 256
-        # sequences): the table chunk's loads and conversions serve both.
-        heads = step_heads or (2 if work >= resident // 2 else 1)
+        # One head per thread (the step_heads ablation: more; DESIGN.md has what 2 and 4 cost).
+        heads = step_heads or 1
         head_blocks = step_head_blocks(htot, step_chunks, heads, tokens,
                                        sm_count(q.get_device()))
         lanes = -(-htot // (head_blocks * heads))
         if head_blocks <= MAX_GRID_Y:
-            name = kernel.step_kernel_name(q.dtype, table_dtype, v, interleaved, step_flags, heads)
+            switches = kernel.RUNTIME_SWITCHES if runtime_switches else step_switches
+            name = kernel.step_kernel_name(q.dtype, table_dtype, v, interleaved, step_flags, heads,
+                                           switches)
             return Plan(name, (seqlen, batch, head_blocks), (step_chunks, lanes, 1), 0, v, 1, 32,
                         step_rot, tail_chunks, lanes, 0, step=True)
     if unroll is None:

@@ -74,9 +74,23 @@ struct StepParams {
   int pos_mode, pos_int32, half_table, backward;
   static constexpr int nseq = 0;  // no thd: token_position's search is compiled out
 };
+// The step kernel's argument: StepParams whose four problem switches are template constants
+// (SWITCHES = pos_mode | pos_int32 << 2 | half_table << 3 | backward << 4; the host's
+// kernel.step_switches), so the position form, id width, table width and direction compile to
+// straight-line code; SWITCHES = -1 reads them at run time (the runtime_switches ablation). The
+// constants hide StepParams' fields of the same names; the bytes are StepParams'.
+template <int SWITCHES> struct StepArgs : StepParams {
+  static constexpr int pos_mode = SWITCHES & 3;
+  static constexpr int pos_int32 = (SWITCHES >> 2) & 1;
+  static constexpr int half_table = (SWITCHES >> 3) & 1;
+  static constexpr int backward = (SWITCHES >> 4) & 1;
+};
+template <> struct StepArgs<-1> : StepParams {};
 // launcher.py packs both with struct: these sizes are its layouts' (a test compares them).
 static_assert(sizeof(Params) == 264, "Params layout changed: update launcher.py");
 static_assert(sizeof(StepParams) == 176, "StepParams layout changed: update launcher.py");
+static_assert(sizeof(StepArgs<0>) == sizeof(StepParams) && sizeof(StepArgs<-1>) == sizeof(StepParams),
+              "StepArgs must keep StepParams' bytes");
 
 template <typename T> __device__ __forceinline__ float to_float(T v);
 template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
@@ -206,7 +220,7 @@ template <int V, bool INTERLEAVED> struct Angles {
 // (check_positions=False) in bounds.
 template <typename P>
 __device__ __forceinline__ long long table_row(const P& p, long long pos) {
-  return pos < 0 ? 0 : pos >= p.table_rows ? p.table_rows - 1 : pos;
+  return min(max(pos, 0LL), (long long)p.table_rows - 1);  // selects, no branch
 }
 
 template <typename TT, int V, bool INTERLEAVED, typename P>
@@ -452,22 +466,15 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
     }
   }
   if (!live) return;
-  // Given tables: each rotary thread loads its cos/sin chunk once and reuses it for every head.
-  // Unrolled steps whose position needs no memory read (0..S-1 plus a scalar): before the first
-  // rows, so the chunk (an L2 hit) is back before them (one head per step keeps the late load).
-  // Otherwise after the first rows are in flight, since in-order issue
-  // would hold every load behind one that waits for the position; unrolled steps still issue
-  // an id or offset load before the rows (a thd search stays after them).
+  // Given tables: each rotary thread loads its cos/sin chunk once and reuses it for every head,
+  // after the first rows are in flight: its conversions wait for it, and in-order issue would
+  // hold the rows behind them (or behind a position load). Unrolled steps issue an id or offset
+  // load before the rows (a thd search stays after them).
   bool have_angles = COMPUTED;
   constexpr bool EARLY = !COMPUTED && UNROLL > 1;
   if constexpr (EARLY) {
-    if (rotary && p.nseq == 0) {
+    if (rotary && p.nseq == 0)
       pos = token_position(p, b, s);  // ids and offsets: one load, in flight before the rows
-      if (p.pos_mode == 0) {
-        table_angles<TT, V, INTERLEAVED, SPLIT>(p, pos, chunk, elem, first_half, ang);
-        have_angles = true;
-      }
-    }
   }
 
   const int htot = p.heads[0] + p.heads[1];
@@ -490,8 +497,9 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
     T* dst[UNROLL];
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
-      const int h = h0 + u * lanes;
-      if (h >= hend) continue;
+      // No branch between the step's loads (rope_step says why): heads past the split's last
+      // load the last one again, and store nothing.
+      const int h = min(h0 + u * lanes, hend - 1);
       const bool is_k = h >= hq;
       const int hh = is_k ? h - hq : h;
       IDX from, to;
@@ -512,9 +520,10 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
       }
       src[u] = reinterpret_cast<const T*>(is_k ? p.in[1] : p.in[0]) + from;
       dst[u] = reinterpret_cast<T*>(is_k ? p.out[1] : p.out[0]) + to;
-      // Every load of the step is issued before any math or store.
+      // Every load of the step is issued before any math or store (pass-through threads load
+      // their own chunk again as y).
       load_chunk<T, V, STREAM>(src[u], x[u]);
-      if (!INTERLEAVED && rotary) load_chunk<T, V, STREAM>(src[u] + second, y[u]);
+      if constexpr (!INTERLEAVED) load_chunk<T, V, STREAM>(src[u] + (rotary ? second : 0), y[u]);
     }
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
@@ -534,16 +543,22 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
 }
 
 // The step kernel, for small problems (a decode step: a few tokens, all heads of q and k):
-// one thread per (token, chunk) and HEADS heads of it, no loop, so every thread's loads are in
-// flight at once and no thread waits on another; rotate-half threads own a chunk of each half
-// (the host sets BOTH_HALVES). Given tables only, no thd; the host (plan.py) picks it when the
-// chunk-rows are fewer than twice the resident threads and every offset fits 32 bits.
+// one thread per (token, chunk) and HEADS heads of it (1 in the design), no loop, so every
+// thread's loads are in flight at once and no thread waits on another; rotate-half threads own
+// a chunk of each half (the host sets BOTH_HALVES). Given tables only, no thd; the host
+// (plan.py) picks it when the chunk-rows are fewer than twice the resident threads and every
+// offset fits 32 bits.
 //   grid  (S, B, head_blocks)   block (chunks, head lanes); lane l of block z takes heads
 //   z * lanes * HEADS + l + u * lanes, u < HEADS, and loads the token's cos/sin chunk once.
 // The data loads are issued first; the position (an id or offset load) and the table row that
-// depends on it follow while they are in flight.
-template <typename T, typename TT, int V, bool INTERLEAVED, int FLAGS, int HEADS>
-__global__ void __launch_bounds__(256) rope_step(const StepParams p) {
+// depends on it follow while they are in flight. No branch separates the loads: a branch ends
+// the stretch of code the compiler schedules as one, and it then sinks later loads behind math
+// that waits on earlier ones (a round trip each). So pass-through threads load their own chunk
+// again as y and the table's first chunk, and a lane's heads past the last (HEADS > 1) load the
+// last head; none of these is stored. The problem's switches are compile-time constants
+// (StepArgs): no branch on them either, and fewer registers.
+template <typename T, typename TT, int V, bool INTERLEAVED, int FLAGS, int HEADS, int SWITCHES>
+__global__ void __launch_bounds__(256) rope_step(const StepArgs<SWITCHES> p) {
   constexpr bool STREAM = !(FLAGS & NO_CACHE_HINTS);
   constexpr bool SPLIT = !INTERLEAVED && !(FLAGS & BOTH_HALVES);
   const int hq = p.heads[0], htot = hq + p.heads[1], lanes = blockDim.y;
@@ -558,8 +573,7 @@ __global__ void __launch_bounds__(256) rope_step(const StepParams p) {
   T* dst[HEADS];
 #pragma unroll
   for (int u = 0; u < HEADS; ++u) {
-    const int h = h0 + u * lanes;
-    if (h >= htot) continue;
+    const int h = min(h0 + u * lanes, htot - 1);
     const bool is_k = h >= hq;
     const int hh = is_k ? h - hq : h;
     const int from = b * (is_k ? p.in_sb[1] : p.in_sb[0]) + s * (is_k ? p.in_ss[1] : p.in_ss[0])
@@ -569,12 +583,11 @@ __global__ void __launch_bounds__(256) rope_step(const StepParams p) {
     const T* src = reinterpret_cast<const T*>(is_k ? p.in[1] : p.in[0]) + from;
     dst[u] = reinterpret_cast<T*>(is_k ? p.out[1] : p.out[0]) + to;
     load_chunk<T, V, STREAM>(src, x[u]);
-    if (!INTERLEAVED && rotary) load_chunk<T, V, STREAM>(src + second, y[u]);
+    if constexpr (!INTERLEAVED) load_chunk<T, V, STREAM>(src + (rotary ? second : 0), y[u]);
   }
   Angles<V, INTERLEAVED> ang;
-  if (rotary)
-    table_angles<TT, V, INTERLEAVED, SPLIT>(p, token_position(p, b, s), chunk, elem, first_half,
-                                            ang);
+  table_angles<TT, V, INTERLEAVED, SPLIT>(p, token_position(p, b, s), rotary ? chunk : 0,
+                                          rotary ? elem : 0, !rotary || first_half, ang);
 #pragma unroll
   for (int u = 0; u < HEADS; ++u) {
     if (h0 + u * lanes < htot)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ports import _alloc
-from ports.fastrope import launcher, plan, problem
+from ports.fastrope import kernel, launcher, plan, problem
 from ports.fastrope.problem import Problem
 from reference.vocabulary import INT32_MAX
 
@@ -70,7 +70,9 @@ def _launches(entry: _Entry, xs, outs, *, in_place: bool, backward: bool, cos, s
             operands=ops, batch=p.batch, seqlen=p.seqlen, head_dim=p.head_dim,
             rotary_dim=p.rotary_dim, interleaved=p.interleaved,
             tables=None if p.computed else (cos, sin, p.half_table),
-            computed=p.computed, in_place=in_place, step_eligible=step_eligible, **options)
+            computed=p.computed, in_place=in_place, step_eligible=step_eligible,
+            step_switches=kernel.step_switches(p.pos_mode, p.pos_int32, p.half_table, backward),
+            **options)
         lc = launcher.prepare(chosen, ops, seqlen=p.seqlen, half=p.rotary_dim // 2,
                               half_table=p.half_table, table_rows=p.table_rows,
                               table_stride=p.table_stride, pos_mode=p.pos_mode,
