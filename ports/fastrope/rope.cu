@@ -471,8 +471,8 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
   // hold the rows behind them (or behind a position load). Unrolled steps issue an id or offset
   // load before the rows (a thd search stays after them).
   bool have_angles = COMPUTED;
-  constexpr bool EARLY = !COMPUTED && UNROLL > 1;
-  if constexpr (EARLY) {
+  constexpr bool EARLY_POSITION = !COMPUTED && UNROLL > 1;
+  if constexpr (EARLY_POSITION) {
     if (rotary && p.nseq == 0)
       pos = token_position(p, b, s);  // ids and offsets: one load, in flight before the rows
   }
@@ -531,7 +531,7 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
       if (rotary) {
         if constexpr (!COMPUTED) {
           if ((FLAGS & RELOAD_TABLE) || !have_angles) {  // RELOAD_TABLE: again for every head
-            if (!have_angles && (!EARLY || p.nseq > 0)) pos = token_position(p, b, s);
+            if (!have_angles && (!EARLY_POSITION || p.nseq > 0)) pos = token_position(p, b, s);
             table_angles<TT, V, INTERLEAVED, SPLIT>(p, pos, chunk, elem, first_half, ang);
             have_angles = true;
           }

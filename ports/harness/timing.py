@@ -13,8 +13,8 @@ WARMUP_MS = 25
 REP_MS = 100
 COPY_BYTES = 1 << 30  # 1 GiB source: 2 GiB moved, far larger than any L2 (50 MB on H100)
 # A copy runs as device-to-device copies of at most this many bytes each: replayed from a CUDA
-# graph on an H100, one copy of 512 MiB or 1 GiB ran at 2.43 TB/s (read + write), copies of
-# 128-256 MiB at 2.97-3.01 TB/s; event timed, the 512 MiB one ran at 2.96 TB/s.
+# graph, a single copy of 512 MiB or more ran slower than the same bytes in pieces, while event
+# timing ran both alike (results/README.md, the peers, prefill and backward suites section).
 COPY_PIECE_BYTES = 256 << 20
 
 
