@@ -93,6 +93,7 @@ def _variants(named: dict) -> list:
 def decode():
     cases = [c for c in get_suite("peers") if c.seqlen == 1 and c.dtype == "bf16"]
     specs = [registry.get(n) for n in ("fastrope.rope", "fastrope.rope_inplace",
+                                       "fastrope-ablation.full_tables",
                                        "fastrope-ablation.no_step_kernel") + PEERS]
     specs += _variants({
         "step_runtime_switches": dict(runtime_switches=True),

@@ -1,9 +1,15 @@
 """Registry entries for the package's own kernel, and its ablations (one idea switched off each).
 
-* ``fastrope.rope``: given cos/sin tables (full width, any of fp32/fp16/bf16), q and k in one call.
+* ``fastrope.rope``: given cos/sin tables (fp32/fp16/bf16), q and k in one call.
 * ``fastrope.rope_computed``: angles computed in the kernel in fp64 from the case's ``inv_freq``.
 * ``fastrope.rope_inplace``: ``apply_rope_inplace`` on copies made in ``prepare`` (the timed call
   rotates the same buffers again and again; the first call is the one validated).
+
+Tables. Where the case's tables are symmetric (both members of a pair share cos/sin: every
+standard RoPE table), fastrope gets them half width, ``[L, R/2]``, made once in ``prepare``: the
+tensors flash-attn gets, and the half of each row that Liger reads. Asymmetric tables (cases
+with ``asymmetric=True``) go in full width ``[L, R]``; the ``full_tables`` ablation gives full
+width always.
 
 Positions go in as the case has them: ``arange`` needs nothing, ``offset`` passes the
 per-sequence offsets, ``ids`` the per-token ids; ``check_positions=False`` in the timed call
@@ -19,6 +25,7 @@ import functools
 from ports._adapters import forward_or_backward
 from ports._spec import ALL_LAYOUTS, ALL_POSITIONS, ImplSpec
 from reference.case import RopeCase, RopeInputs
+from reference.tables import first_members
 
 UPSTREAM = "this package (ports/fastrope): the package's own kernel, no upstream"
 DTYPES = frozenset({"fp32", "fp16", "bf16"})
@@ -36,13 +43,16 @@ def _table_check(case: RopeCase) -> str | None:
     return None
 
 
-def _kwargs(case: RopeCase, inputs: RopeInputs, computed: bool) -> dict:
+def _kwargs(case: RopeCase, inputs: RopeInputs, computed: bool, full_tables: bool) -> dict:
     kw = dict(style=case.style, layout=case.layout, rotary_dim=case.rot_dim,
               check_positions=False)
     if computed:
         kw.update(inv_freq=inputs.inv_freq)
-    else:
+    elif case.asymmetric or full_tables:
         kw.update(cos=inputs.cos, sin=inputs.sin)
+    else:  # one value per pair, [L, R/2] (the module doc says why)
+        kw.update(cos=first_members(inputs.cos, case.style).contiguous(),
+                  sin=first_members(inputs.sin, case.style).contiguous())
     if case.layout == "thd":
         kw.update(cu_seqlens=inputs.cu_seqlens, max_seqlen=max(case.seqlens))
     if case.positions == "offset":
@@ -60,9 +70,11 @@ def _rotate(case, kw, xs, fn):
     return tuple(outs)
 
 
-def _preparer(computed: bool = False, in_place: bool = False, tuning=None):
+def _preparer(computed: bool = False, in_place: bool = False, tuning=None,
+              full_tables: bool = False):
     """The registry's ``prepare``: the public functions, or with a ``tuning`` (an
-    ``ablation.Tuning``) the ablation module's."""
+    ``ablation.Tuning``) the ablation module's; ``full_tables``: the case's ``[L, R]`` tables
+    even when they are symmetric."""
     def prepare(case: RopeCase, inputs: RopeInputs):
         if tuning is None:
             from ports.fastrope import apply_rope, apply_rope_inplace
@@ -72,7 +84,7 @@ def _preparer(computed: bool = False, in_place: bool = False, tuning=None):
             apply_rope = functools.partial(ablation.apply_rope, tuning=tuning)
             apply_rope_inplace = functools.partial(ablation.apply_rope_inplace, tuning=tuning)
 
-        kw = _kwargs(case, inputs, computed)
+        kw = _kwargs(case, inputs, computed, full_tables)
         if not in_place:
             return forward_or_backward(
                 case, inputs, lambda xs: _rotate(case, kw, xs, apply_rope))
@@ -97,7 +109,7 @@ _COMMON = dict(
 
 SPECS = [
     ImplSpec(name="fastrope.rope", prepare=_preparer(), check=_table_check,
-             summary="fastrope: given cos/sin, q and k in one launch",
+             summary="fastrope: given cos/sin ([L, R/2] when symmetric), q and k in one launch",
              math="fp32 (Kahan for fp32 out), table chunk loaded once per token, reused by heads",
              **_COMMON),
     ImplSpec(name="fastrope.rope_computed", prepare=_preparer(computed=True),
@@ -112,7 +124,8 @@ SPECS = [
 ]
 
 
-def _ablation(name: str, summary: str, tuning_kw: dict, computed: bool = False, **spec_kw):
+def _ablation(name: str, summary: str, tuning_kw: dict, computed: bool = False,
+              full_tables: bool = False, **spec_kw):
     from ports.fastrope.ablation import Tuning
 
     base = dict(_COMMON, kind="ablation", family="fastrope-ablation",
@@ -122,7 +135,8 @@ def _ablation(name: str, summary: str, tuning_kw: dict, computed: bool = False, 
                     angle_rel_err=ANGLE_REL_ERR_FP64)
     base.update(spec_kw)
     return ImplSpec(name=f"fastrope-ablation.{name}", summary=summary,
-                    prepare=_preparer(computed=computed, tuning=Tuning(**tuning_kw)),
+                    prepare=_preparer(computed=computed, tuning=Tuning(**tuning_kw),
+                                      full_tables=full_tables),
                     check=None if computed else _table_check, **base)
 
 
@@ -130,6 +144,8 @@ def _ablations() -> list[ImplSpec]:
     from ports.fastrope import kernel as K
 
     return [
+        _ablation("full_tables", "given the full-width [L, R] tables (both halves of every "
+                  "row read) where half-width ones would do", {}, full_tables=True),
         _ablation("scalar_access", "one element per access (no 16-byte vectors)",
                   dict(vector_cap=1), access="2-4 B"),
         _ablation("one_half_per_thread", "rotate-half out of place: a thread owns one half and "
