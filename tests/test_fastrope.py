@@ -610,9 +610,9 @@ def test_plan_covers_the_problem_within_block_limits(monkeypatch, shape, k_heads
 
 
 def test_plan_walks_sbhd_tokens_in_memory_order(monkeypatch):
-    """sbhd strides (the sequence stride outside the batch stride), computed angles: one grid row
-    over the s * b tokens, b fastest (the kernel recovers b = t % B, s = t / B); bshd and tables
-    keep grid (s, b)."""
+    """sbhd strides (the sequence stride outside the batch stride), computed angles or tables: one
+    grid row over the s * b tokens, b fastest (the kernel recovers b = t % B, s = t / B); bshd
+    keeps grid (s, b)."""
     b, s, h, d = 4, 300, 8, 128
     sbhd = (h * d, b * h * d, d)  # (batch, sequence, head) strides of a dense [s, b, h, d]
     p = _plan(monkeypatch, (b, s, h, d), src_strides=sbhd, computed=True)
@@ -622,10 +622,13 @@ def test_plan_walks_sbhd_tokens_in_memory_order(monkeypatch):
                      memory_order=False)
     assert unfolded.fold == 0 and unfolded.grid[1] == b
     assert _plan(monkeypatch, (1, s, h, d), src_strides=sbhd, computed=True).fold == 0
-    # tables keep one sequence per grid row (measured faster or even)
+    # given tables walk in memory order too; bshd keeps one sequence per grid row
     for dtype in (torch.bfloat16, torch.float32):
         assert _plan(monkeypatch, (b, s, h, d), src_strides=sbhd, dtype=dtype,
-                     tables_dtype=dtype).fold == 0
+                     tables_dtype=dtype).fold == b
+        assert _plan(monkeypatch, (b, s, h, d), src_strides=sbhd, dtype=dtype,
+                     tables_dtype=dtype, memory_order=False).fold == 0
+        assert _plan(monkeypatch, (b, s, h, d), dtype=dtype, tables_dtype=dtype).fold == 0
 
 
 def test_plan_heads_per_step_from_the_work(monkeypatch):

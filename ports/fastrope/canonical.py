@@ -102,7 +102,7 @@ _COMMON = dict(
     layouts=ALL_LAYOUTS, dtypes=DTYPES, partial=True, positions=ALL_POSITIONS, backward=True,
     tensors_per_launch=2, strided=True, index_bits=64, asymmetric_tables=True,
     launch="grid (s/tokens, b, head splits) x block (chunks, head lanes, tokens), from the size;"
-           " sbhd with computed angles: tokens in memory order",
+           " sbhd: tokens in memory order",
     per_thread="a V-element chunk of each half x 1-4 heads per step",
     access="16 B (widest that divides R/2 and every stride)",
 )
@@ -166,9 +166,8 @@ def _ablations() -> list[ImplSpec]:
         _ablation("runtime_switches", "the step kernel reads the position form, id width, "
                   "table width and direction at run time", dict(runtime_switches=True)),
         _ablation("separate_launches", "q and k in two launches", dict(separate_launches=True)),
-        _ablation("sequence_per_block_row", "sbhd, computed angles: the grid walks each "
-                  "sequence in turn, not the tokens in memory order", dict(memory_order=False),
-                  computed=True),
+        _ablation("sequence_per_block_row", "sbhd: the grid walks each sequence in turn, not "
+                  "the tokens in memory order", dict(memory_order=False)),
         _ablation("fp32_angles", "computed angles in fp32 (fp32 product, sincosf)",
                   dict(flags=K.ANGLE_FP32), computed=True, angle_rel_err=ANGLE_REL_ERR_FP32_ANGLE),
     ]

@@ -9,8 +9,8 @@ Everything here is plain integer arithmetic on shapes, strides and addresses:
   needs many small blocks to cover the SMs, a prefill shape needs few threads with many
   independent loads each.
 * ``IDX``: 32-bit offsets when every offset fits, else 64-bit.
-* grid (token blocks, sequences, head splits) x block (chunks, head lanes, tokens); sbhd with
-  computed angles walks the (s, b) tokens in memory order instead (``fold``).
+* grid (token blocks, sequences, head splits) x block (chunks, head lanes, tokens); sbhd walks
+  the (s, b) tokens in memory order instead (``fold``).
 * small problems (a decode step) from given tables take rope.cu's step kernel instead: one
   thread per (token, head, chunk), grid (S, B, head blocks), 32-bit fields, the problem's
   switches (position form, id width, table width, direction) compiled in.
@@ -176,10 +176,9 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
     chunks = rot_chunks + tail_chunks
     htot = sum(op.heads for op in operands)
     tokens = batch * seqlen
-    # sbhd (sequence stride outside the batch stride) with computed angles: walk the tokens in
-    # memory order, so the blocks in flight read one dense span instead of B interleaved ones.
-    # Given tables keep one sequence per grid row (DESIGN.md says why).
-    fold = batch if (memory_order and computed and batch > 1
+    # sbhd (sequence stride outside the batch stride): walk the tokens in memory order, so the
+    # blocks in flight read one dense span instead of B interleaved ones (DESIGN.md).
+    fold = batch if (memory_order and batch > 1
                      and tokens <= INT32_MAX - MAX_TOKENS_PER_BLOCK  # t stays an int
                      and all(op.src_strides[1] > op.src_strides[0] for op in operands)) else 0
     rows, grid_batch = (tokens, 1) if fold else (seqlen, batch)

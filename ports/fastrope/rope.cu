@@ -6,7 +6,7 @@
 // Thread map (no integer division on the hot path):
 //   grid  (ceil(S / blockDim.z), B, head_splits)   token-in-sequence blocks x sequences x head ranges
 //   block (chunks, head_lanes, tokens)              chunk threads x head lanes x tokens
-// sbhd with computed angles walks the (s, b) tokens in memory order instead (Params.fold).
+// sbhd walks the (s, b) tokens in memory order instead (Params.fold).
 // A chunk thread owns V elements (16 bytes when sizes and strides allow) of one half, loading
 // their partners (rotate-half), or of each half (BOTH_HALVES), or V/2 pairs (interleaved), and
 // walks the heads of its token UNROLL heads per step, reusing its cos/sin for every head of q
