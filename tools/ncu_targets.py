@@ -8,8 +8,9 @@ warm-up, between cudaProfilerStart/Stop: what Nsight Compute profiles to compare
         # the peers suite's 1x32768x32x128 bf16 case with k (harness inputs): fastrope (tables,
         # computed, in place), Liger, flash-attn, torch.compile and a copy of the same bytes
     ncu --profile-from-start off python -m tools.ncu_targets decode_step
-        # the peers suite's bf16 decode steps at b = 1 and 64 (harness inputs): fastrope's step
-        # kernel (offsets tensor), the minimal kernel with the row through the offsets
+        # the peers suite's bf16 decode steps at b = 1, 256 and 64 (harness inputs): fastrope's
+        # step kernel (offsets tensor), the same with 4 heads per thread (the step_heads
+        # ablation), the minimal kernel with the row through the offsets
         # (tools/decode_peers_probe.py) and Liger with its rows given, in that order per case
 """
 from __future__ import annotations
@@ -80,6 +81,7 @@ def decode_step():
     import cupy
 
     from ports import registry
+    from ports.fastrope.canonical import _ablation
     from ports.harness.suites import get_suite
     from reference.case import make_inputs
     from tools.decode_peers_probe import MINIMAL_SRC
@@ -89,7 +91,7 @@ def decode_step():
     minimal = mod.get_function("minimal<true>")
     calls = []
     for case in get_suite("peers"):
-        if case.seqlen != 1 or case.dtype != "bf16" or case.batch not in (1, 64):
+        if case.seqlen != 1 or case.dtype != "bf16":
             continue
         inputs = make_inputs(case, 0, torch.device("cuda"))
         q, k = [x.clone() for x in inputs.xs]
@@ -101,7 +103,9 @@ def decode_step():
                         (q.data_ptr(), k.data_ptr(), inputs.cos.data_ptr(),
                          inputs.sin.data_ptr(), inputs.offsets.data_ptr(), hq, hk))
 
-        calls += [registry.get("fastrope.rope").prepare(case, inputs), launch]
+        four = _ablation("step_h4", "4 heads per step-kernel thread", dict(step_heads=4))
+        calls += [registry.get("fastrope.rope").prepare(case, inputs),
+                  four.prepare(case, inputs), launch]
         liger = registry.get("liger.rope")
         reason = liger.unsupported_reason(case) or liger.missing()
         if reason:
