@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from reference.case import RopeCase, RopeInputs
+from reference.tables import first_members
 
 Forward = Callable[[Sequence[torch.Tensor]], tuple[torch.Tensor, ...]]
 
@@ -23,6 +24,13 @@ def forward_or_backward(case: RopeCase, inputs: RopeInputs, forward: Forward):
         return torch.autograd.grad(outs, leaves, grads, retain_graph=True)
 
     return backward
+
+
+def half_width_tables(case: RopeCase, inputs: RopeInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The case's symmetric cos/sin tables with one value per pair, ``[L, R/2]``, contiguous: the
+    form flash-attn takes (and fastrope's rows get), built once in ``prepare``."""
+    return (first_members(inputs.cos, case.style).contiguous(),
+            first_members(inputs.sin, case.style).contiguous())
 
 
 def per_tensor(fn: Callable[[torch.Tensor], torch.Tensor]) -> Forward:

@@ -3,7 +3,8 @@ choices makes the difference? (Needs a GPU.)
 
 ``decode``: the peers suite's bf16 decode cases (GQA k with 8 heads, tables in x's dtype, one
 offset per sequence in a 4k context) at b = 1, 64 and 256 (64 q heads at 256), CUDA-graph
-timed: the design (the step kernel at these sizes), the main kernel (the ``no_step_kernel``
+timed: the design (the step kernel at these sizes), the same with full-width tables (the
+``full_tables`` ablation), the main kernel (the ``no_step_kernel``
 ablation), the step kernel reading its switches at run time, with plain loads and stores, with 2
 or 4 heads per thread, and with a
 token's heads in the fewest blocks (b = 1: 2 blocks, not 10), beside the installed peers and

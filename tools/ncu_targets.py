@@ -89,6 +89,7 @@ def decode_step():
     mod = cupy.RawModule(code=MINIMAL_SRC, options=("-std=c++17",),
                          name_expressions=["minimal<true>"])
     minimal = mod.get_function("minimal<true>")
+    four = _ablation("step_h4", "4 heads per step-kernel thread", dict(step_heads=4))
     calls = []
     for case in get_suite("peers"):
         if case.seqlen != 1 or case.dtype != "bf16":
@@ -103,7 +104,6 @@ def decode_step():
                         (q.data_ptr(), k.data_ptr(), inputs.cos.data_ptr(),
                          inputs.sin.data_ptr(), inputs.offsets.data_ptr(), hq, hk))
 
-        four = _ablation("step_h4", "4 heads per step-kernel thread", dict(step_heads=4))
         calls += [registry.get("fastrope.rope").prepare(case, inputs),
                   four.prepare(case, inputs), launch]
         liger = registry.get("liger.rope")

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 import functools
 
-from ports._adapters import forward_or_backward
+from ports._adapters import forward_or_backward, half_width_tables
 from ports._spec import ALL_LAYOUTS, ALL_POSITIONS, ImplSpec
 from reference.case import RopeCase, RopeInputs
-from reference.tables import first_members
 
 UPSTREAM = "this package (ports/fastrope): the package's own kernel, no upstream"
 DTYPES = frozenset({"fp32", "fp16", "bf16"})
@@ -51,8 +50,8 @@ def _kwargs(case: RopeCase, inputs: RopeInputs, computed: bool, full_tables: boo
     elif case.asymmetric or full_tables:
         kw.update(cos=inputs.cos, sin=inputs.sin)
     else:  # one value per pair, [L, R/2] (the module doc says why)
-        kw.update(cos=first_members(inputs.cos, case.style).contiguous(),
-                  sin=first_members(inputs.sin, case.style).contiguous())
+        cos, sin = half_width_tables(case, inputs)
+        kw.update(cos=cos, sin=sin)
     if case.layout == "thd":
         kw.update(cu_seqlens=inputs.cu_seqlens, max_seqlen=max(case.seqlens))
     if case.positions == "offset":

@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from ports._adapters import forward_or_backward
+from ports._adapters import forward_or_backward, half_width_tables
 from ports.peers import NotInstalled, PeerSpec, flash_attn_rotary, import_peer
 from reference.case import RopeCase, RopeInputs
 from reference.tables import expand_half, first_members
@@ -148,8 +148,7 @@ def _flash_limits(case: RopeCase) -> str | None:
 def _prepare_flash_attn(inplace: bool):
     def prepare(case: RopeCase, inputs: RopeInputs):
         apply_rotary = flash_attn_rotary().apply_rotary
-        cos = first_members(inputs.cos, case.style).contiguous()  # [L, R/2]
-        sin = first_members(inputs.sin, case.style).contiguous()
+        cos, sin = half_width_tables(case, inputs)  # [L, R/2]
         kw = dict(interleaved=case.style == "interleaved", inplace=inplace)
         if case.layout == "thd":
             kw.update(cu_seqlens=inputs.cu_seqlens, max_seqlen=case.seqlen)
