@@ -32,6 +32,7 @@ FASTROPE_NAMES = {"fastrope.rope", "fastrope.rope_computed", "fastrope.rope_inpl
 CHOOSE = plan.choose  # the real planner and packer, kept before the no_launch fixture
 PREPARE = launcher.prepare  # replaces them
 LAUNCH = launcher.launch
+H100_L2_BYTES = 50 * 2**20  # torch's L2_cache_size on an H100
 
 
 class FakeCuda(torch.Tensor):
@@ -56,8 +57,8 @@ def no_launch(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("reached the launch side: the host checks should have raised first")
 
-    for module, name in ((plan, "choose"), (plan, "sm_count"), (launcher, "prepare"),
-                         (launcher, "launch")):
+    for module, name in ((plan, "choose"), (plan, "sm_count"), (plan, "l2_bytes"),
+                         (launcher, "prepare"), (launcher, "launch")):
         monkeypatch.setattr(module, name, refuse)
 
 
@@ -339,6 +340,7 @@ def recorded_launches(monkeypatch):
     launches = []
     monkeypatch.setattr(plan, "choose", CHOOSE)
     monkeypatch.setattr(plan, "sm_count", lambda index: 132)
+    monkeypatch.setattr(plan, "l2_bytes", lambda index: H100_L2_BYTES)
     monkeypatch.setattr(launcher, "prepare", PREPARE)
     monkeypatch.setattr(kernel, "function_ptr", lambda device, name: 1)
     monkeypatch.setattr(launcher, "_driver", lambda: types.SimpleNamespace(
@@ -358,7 +360,8 @@ def test_tunings_reach_the_launch(recorded_launches):
     assert design.plan.unroll == 1 and design.plan.vector == 4
     ablation.apply_rope(q, k, tuning=Tuning(unroll=2, flags=kernel.DIVIDE), **tables)
     tuned = recorded_launches[-1].plan
-    flags = kernel.DIVIDE | kernel.BOTH_HALVES  # given tables: a thread owns both halves
+    # given tables: a thread owns both halves; data this small stays in the L2: plain accesses
+    flags = kernel.DIVIDE | kernel.BOTH_HALVES | kernel.NO_CACHE_HINTS
     assert tuned.unroll == 2 and tuned.kernel.endswith(f", 2, {flags}>")
     assert (tuned.vector, tuned.index_bits) == (design.plan.vector, design.plan.index_bits)
     recorded_launches.clear()
@@ -419,14 +422,39 @@ def test_tuning_sets_the_plan_options(monkeypatch):
     assert _plan(monkeypatch, **Tuning(unroll=4).plan_options()).unroll == 4
     assert _plan(monkeypatch, **Tuning(index_bits=64).plan_options()).index_bits == 64
     flagged = _plan(monkeypatch, **Tuning(flags=kernel.DIVIDE).plan_options())
-    assert flagged.kernel.endswith(f", {kernel.DIVIDE | kernel.BOTH_HALVES}>")
+    small = kernel.NO_CACHE_HINTS  # the default problem fits in the L2
+    assert _flags(flagged) == kernel.DIVIDE | kernel.BOTH_HALVES | small
     one_half = _plan(monkeypatch, **Tuning(one_half_per_thread=True).plan_options())
-    assert one_half.kernel.endswith(", 0>") and one_half.rot_chunks == 2 * _plan(monkeypatch).rot_chunks
+    assert _flags(one_half) == small and one_half.rot_chunks == 2 * _plan(monkeypatch).rot_chunks
+    assert _flags(_plan(monkeypatch, **Tuning(hints_at_every_size=True).plan_options())) == (
+        kernel.BOTH_HALVES)
     assert _plan(monkeypatch, **Tuning(step_heads=2).plan_options(), shape=(64, 1, 32, 128),
                  step_eligible=True).kernel.endswith(", 2, -1>")
     assert _plan(monkeypatch, **Tuning(runtime_switches=True).plan_options(),
                  shape=(64, 1, 32, 128), step_eligible=True,
                  step_switches=1).kernel.endswith(", 1, -1>")
+
+
+def _flags(p) -> int:
+    """The FLAGS template argument of a plan's kernel."""
+    args = p.kernel[p.kernel.index("<") + 1:-1].split(", ")
+    return int(args[4] if p.step else args[7])
+
+
+@pytest.mark.parametrize("shape, in_place, hints", [
+    ((1, 4096, 32, 128), True, False),    # 32 MiB, read and written in place
+    ((1, 6400, 32, 128), True, False),    # 50 MiB: the L2 exactly
+    ((1, 6401, 32, 128), True, True),
+    ((1, 4096, 32, 128), False, True),    # 32 MiB in, 32 MiB out
+    ((64, 1, 32, 128), False, False),     # a decode step (the step kernel)
+], ids=["32MiB-inplace", "50MiB-inplace", "over-50MiB-inplace", "64MiB-out-of-place", "decode"])
+def test_streaming_hints_only_where_the_data_outgrows_the_l2(monkeypatch, shape, in_place, hints):
+    """Evict-first accesses only when the bytes the call reads and writes exceed the L2 (50 MiB
+    here); the hints_at_every_size tuning keeps them at every size."""
+    kw = dict(shape=shape, in_place=in_place, step_eligible=True)
+    assert not _flags(_plan(monkeypatch, **kw)) & kernel.NO_CACHE_HINTS == hints
+    always = _plan(monkeypatch, **kw, **Tuning(hints_at_every_size=True).plan_options())
+    assert not _flags(always) & kernel.NO_CACHE_HINTS
 
 
 def test_compile_checked_instantiations_cover_the_kernel():
@@ -535,6 +563,7 @@ def _plan(monkeypatch, shape=(2, 16, 4, 128), dtype=torch.bfloat16, rotary_dim=N
           interleaved=False, computed=False, in_place=False, src_strides=None,
           tables_dtype=torch.float32, **kw):
     monkeypatch.setattr(plan, "sm_count", lambda index: 132)
+    monkeypatch.setattr(plan, "l2_bytes", lambda index: H100_L2_BYTES)
     b, s, h, d = shape
     rot = d if rotary_dim is None else rotary_dim
     ops = []
@@ -604,9 +633,10 @@ def test_plan_covers_the_problem_within_block_limits(monkeypatch, shape, k_heads
         assert p.shared_mem >= 2 * rot * 4 * tokens  # cos and sin rows [R] fp32 per token
     else:
         assert p.shared_mem == 0
+    hints = _flags(p) & kernel.NO_CACHE_HINTS  # from the size (its own test)
     assert p.kernel == kernel.kernel_name(torch.bfloat16, torch.float32, p.vector, False,
                                            computed, p.index_bits, p.unroll,
-                                           0 if computed else kernel.BOTH_HALVES)
+                                           (0 if computed else kernel.BOTH_HALVES) | hints)
 
 
 def test_plan_walks_sbhd_tokens_in_memory_order(monkeypatch):
@@ -663,8 +693,9 @@ def test_plan_small_problems_take_the_step_kernel(monkeypatch):
     decode = dict(shape=(64, 1, 32, 128), k_heads=8)
     p = _plan(monkeypatch, **decode, step_eligible=True)
     # rotate-half: a thread owns a chunk of each half (8 chunk threads per row of 128 bf16)
-    assert p.step and p.kernel == kernel.step_kernel_name(torch.bfloat16, torch.float32, 8, False,
-                                                          kernel.BOTH_HALVES)
+    # (a decode step's data fits in the L2: plain accesses)
+    assert p.step and p.kernel == kernel.step_kernel_name(
+        torch.bfloat16, torch.float32, 8, False, kernel.BOTH_HALVES | kernel.NO_CACHE_HINTS)
     # 40 heads x 8 chunks: 2 blocks would hold them; 64 tokens x 3 blocks of 14 heads cover
     # the 132 SMs
     assert p.grid == (1, 64, 3) and p.block == (8, 14, 1) and p.index_bits == 32
@@ -679,7 +710,7 @@ def test_plan_small_problems_take_the_step_kernel(monkeypatch):
     assert two.grid == (1, 256, 2) and two.block == (8, 18, 1)
     assert two.kernel.endswith(", 2, -1>") and p.kernel.endswith(", 1, -1>")
     inter = _plan(monkeypatch, **decode, interleaved=True, in_place=True, step_eligible=True)
-    assert inter.step and inter.kernel.endswith(", 8, true, 0, 1, -1>") and inter.block[0] == 16
+    assert inter.step and inter.kernel.endswith(", 8, true, 2, 1, -1>") and inter.block[0] == 16
     # the problem's switches compiled in, unless the runtime_switches ablation reads them
     sw = kernel.step_switches(1, False, True, True)  # offsets, int64, [L, R/2] tables, backward
     assert _plan(monkeypatch, **decode, step_eligible=True,

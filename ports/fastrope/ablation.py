@@ -32,6 +32,7 @@ class Tuning:
     step_heads: int | None = None   # heads per thread in the step kernel
     one_half_per_thread: bool = False  # out of place from tables: a thread per half + partner
     runtime_switches: bool = False  # the step kernel reads the problem's switches at run time
+    hints_at_every_size: bool = False  # streaming hints even where the data fits in the L2
 
     def __post_init__(self):
         if not isinstance(self.flags, int) or self.flags & ~FLAGS or self.flags < 0:
@@ -52,7 +53,8 @@ class Tuning:
                     index_bits=self.index_bits, unroll=self.unroll,
                     memory_order=self.memory_order, step_kernel=self.step_kernel,
                     step_heads=self.step_heads, one_half_per_thread=self.one_half_per_thread,
-                    runtime_switches=self.runtime_switches)
+                    runtime_switches=self.runtime_switches,
+                    hints_at_every_size=self.hints_at_every_size)
 
 
 DESIGN = Tuning()

@@ -18,7 +18,8 @@ FILENAME = "rope.cu"
 OPTIONS: tuple[str, ...] = ()  # no fast math: accurate sincos, IEEE division and denormals
 
 # rope.cu's FLAGS template argument: each switches one idea of the design off (0: the design).
-# BOTH_HALVES is also what in-place calls and rows wider than a block use (plan.py sets it).
+# BOTH_HALVES is also what in-place calls and rows wider than a block use, NO_CACHE_HINTS what
+# calls whose data fits in the L2 use (plan.py sets them).
 RELOAD_TABLE = 1      # load cos/sin again for every head instead of once per token
 NO_CACHE_HINTS = 2    # plain loads/stores instead of streaming (evict-first) ones
 ANGLE_FP32 = 4        # computed angles: fp32 pos * inv_freq and sincosf

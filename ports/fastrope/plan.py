@@ -9,6 +9,8 @@ Everything here is plain integer arithmetic on shapes, strides and addresses:
   needs many small blocks to cover the SMs, a prefill shape needs few threads with many
   independent loads each.
 * ``IDX``: 32-bit offsets when every offset fits, else 64-bit.
+* streaming (evict-first) loads and stores only when the data the call reads and writes is more
+  than the L2 holds: a call that fits leaves its data there for the next reader.
 * grid (token blocks, sequences, head splits) x block (chunks, head lanes, tokens); sbhd walks
   the (s, b) tokens in memory order instead (``fold``).
 * small problems (a decode step) from given tables take rope.cu's step kernel instead: one
@@ -68,6 +70,11 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.cache
+def l2_bytes(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).L2_cache_size
+
+
 def _max_offset(shape_strides) -> int:
     return sum((n - 1) * s for n, s in shape_strides)
 
@@ -118,7 +125,7 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
            index_bits: int | None = None, unroll: int | None = None,
            memory_order: bool = True, step_eligible: bool = False,
            step_kernel: bool = True, step_heads: int | None = None,
-           one_half_per_thread: bool = False,
+           one_half_per_thread: bool = False, hints_at_every_size: bool = False,
            step_switches: int = kernel.RUNTIME_SWITCHES, runtime_switches: bool = False) -> Plan:
     """The plan for this problem (see the module doc). ``tables`` is ``(cos, sin, half_table)``
     or ``None``. ``step_eligible``: the caller's part of the step kernel's conditions (no thd, the
@@ -126,7 +133,8 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
     ``kernel.step_switches`` for the step kernel to compile in (the default reads them at run
     time). Ablations: ``flags`` (kernel.RELOAD_TABLE, ...), ``shape_rule="fixed"`` (the prefill
     shape for every size), ``vector_cap``, ``index_bits``, ``unroll``, ``memory_order=False``,
-    ``step_kernel=False``, ``step_heads``, ``one_half_per_thread`` and ``runtime_switches``."""
+    ``step_kernel=False``, ``step_heads``, ``one_half_per_thread``, ``hints_at_every_size`` and
+    ``runtime_switches``."""
     q = operands[0].src
     elem = q.element_size()
     half = rotary_dim // 2
@@ -176,6 +184,13 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
     chunks = rot_chunks + tail_chunks
     htot = sum(op.heads for op in operands)
     tokens = batch * seqlen
+    # Streaming hints only where the data outlives the L2 anyway. Data that fits stays there for
+    # its next reader (the next layer's call in place, attention out of place); evict-first
+    # accesses would send it to DRAM (1x4096x32x128 bf16 in place, 34 MB: 22.5 us with them, 19.2
+    # without; DESIGN.md). The cos/sin rows are left out of the count.
+    data_bytes = tokens * htot * head_dim * elem * (1 if in_place else 2)
+    if not hints_at_every_size and data_bytes <= l2_bytes(q.get_device()):
+        flags |= kernel.NO_CACHE_HINTS
     # sbhd (sequence stride outside the batch stride): walk the tokens in memory order, so the
     # blocks in flight read one dense span instead of B interleaved ones (DESIGN.md).
     fold = batch if (memory_order and batch > 1

@@ -27,7 +27,8 @@
   ((unroll) == 1 && !(computed) && !((flags) & BOTH_HALVES) ? 6 : 1)
 #endif
 
-// Ablation switches (the FLAGS template argument); 0 is the shipped design.
+// Ablation switches (the FLAGS template argument); 0 is the shipped design, but for what plan.py
+// sets: NO_CACHE_HINTS where the data fits in the L2, BOTH_HALVES in place and from tables.
 #define RELOAD_TABLE 1    // load cos/sin again for every head instead of once per token
 #define NO_CACHE_HINTS 2  // plain loads/stores instead of streaming (evict-first) ones
 #define ANGLE_FP32 4      // computed angles: fp32 pos * inv_freq and sincosf (the common design)
