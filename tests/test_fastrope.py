@@ -452,7 +452,8 @@ def test_streaming_hints_only_where_the_data_outgrows_the_l2(monkeypatch, shape,
     """Evict-first accesses only when the bytes the call reads and writes exceed the L2 (50 MiB
     here); the hints_at_every_size tuning keeps them at every size."""
     kw = dict(shape=shape, in_place=in_place, step_eligible=True)
-    assert not _flags(_plan(monkeypatch, **kw)) & kernel.NO_CACHE_HINTS == hints
+    streaming = not _flags(_plan(monkeypatch, **kw)) & kernel.NO_CACHE_HINTS
+    assert streaming == hints
     always = _plan(monkeypatch, **kw, **Tuning(hints_at_every_size=True).plan_options())
     assert not _flags(always) & kernel.NO_CACHE_HINTS
 

@@ -5,8 +5,8 @@ choices makes the difference? (Needs a GPU.)
 offset per sequence in a 4k context) at b = 1, 64 and 256 (64 q heads at 256), CUDA-graph
 timed: the design (the step kernel at these sizes), the same with full-width tables (the
 ``full_tables`` ablation), the main kernel (the ``no_step_kernel``
-ablation), the step kernel reading its switches at run time, with plain loads and stores, with 2
-or 4 heads per thread, and with a
+ablation), the step kernel reading its switches at run time, with streaming hints (the design
+drops them at these sizes), with 2 or 4 heads per thread, and with a
 token's heads in the fewest blocks (b = 1: 2 blocks, not 10), beside the installed peers and
 the launch floor (a one-element fill).
 
@@ -98,10 +98,10 @@ def decode():
                                        "fastrope-ablation.no_step_kernel") + PEERS]
     specs += _variants({
         "step_runtime_switches": dict(runtime_switches=True),
-        "step_no_hints": dict(flags=kernel.NO_CACHE_HINTS),
+        "step_hints": dict(hints_at_every_size=True),
         "step_h1": dict(step_heads=1), "step_h2": dict(step_heads=2),
         "step_h4": dict(step_heads=4),
-        "step_h1_no_hints": dict(step_heads=1, flags=kernel.NO_CACHE_HINTS),
+        "step_h1_hints": dict(step_heads=1, hints_at_every_size=True),
     })
     fewest = [_ablation("step_fewest_blocks", "the step kernel's heads in the fewest blocks", {}),
               _ablation("step_h2_fewest_blocks", "2 heads per thread, the fewest blocks",

@@ -186,8 +186,8 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
     tokens = batch * seqlen
     # Streaming hints only where the data outlives the L2 anyway. Data that fits stays there for
     # its next reader (the next layer's call in place, attention out of place); evict-first
-    # accesses would send it to DRAM (1x4096x32x128 bf16 in place, 34 MB: 22.5 us with them, 19.2
-    # without; DESIGN.md). The cos/sin rows are left out of the count.
+    # accesses would send it to DRAM (DESIGN.md has what that costs). The cos/sin rows are left
+    # out of the count.
     data_bytes = tokens * htot * head_dim * elem * (1 if in_place else 2)
     if not hints_at_every_size and data_bytes <= l2_bytes(q.get_device()):
         flags |= kernel.NO_CACHE_HINTS
