@@ -686,7 +686,7 @@ def test_launcher_packs_the_kernels_parameter_layouts():
 
 
 def test_plan_small_problems_take_the_step_kernel(monkeypatch):
-    """Given tables, fewer chunk-rows than twice the resident threads, 32-bit offsets and the
+    """Given tables, fewer chunk-rows than the bound (the next test), 32-bit offsets and the
     caller's conditions met (step_eligible): the step kernel, one thread per (token, chunk) and
     one head (step_heads: more), grid (S, B, head blocks), the heads of a token spread evenly
     over the fewest blocks of <= 256 threads, or over more (down to a warp each) while the blocks
@@ -725,8 +725,36 @@ def test_plan_small_problems_take_the_step_kernel(monkeypatch):
         other = _plan(monkeypatch, **decode, **{"step_eligible": True, **kw})
         assert not other.step and other.kernel.startswith("study_rope<"), kw
     assert not _plan(monkeypatch, **decode).step  # the caller's conditions unmet
-    big = _plan(monkeypatch, (1, 4096, 32, 128), step_eligible=True)  # 3.9x the resident threads
-    assert not big.step and big.unroll == 2
+
+
+
+def test_plan_step_kernel_bound_by_dtype_and_walk(monkeypatch):
+    """The step kernel up to 8x the resident threads' chunk-rows (132 SMs faked) for 16-bit data
+    and 4x for fp32 (plan.step_work_bound); 2x for sbhd with B > 1, whose tokens the main kernel
+    walks in memory order. Past the bound, the main kernel's unrolled steps."""
+    resident = 132 * 2048
+
+    def step(shape, dtype=torch.bfloat16, **kw):
+        return _plan(monkeypatch, shape, dtype=dtype, tables_dtype=dtype, step_eligible=True,
+                     **kw).step
+
+    # bf16/fp16: 8 chunk threads per row of 128, 32 heads: 8x is 8448 tokens
+    assert 8448 * 32 * 8 == 8 * resident
+    for dtype in (torch.bfloat16, torch.float16):
+        assert step((1, 4096, 32, 128), dtype) and step((1, 8447, 32, 128), dtype)
+        assert not step((1, 8448, 32, 128), dtype)
+    # fp32: 16 chunk threads per row, 4x is 2112 tokens
+    assert 2112 * 32 * 16 == 4 * resident
+    assert step((1, 2111, 32, 128), torch.float32)
+    assert not step((1, 2112, 32, 128), torch.float32)
+    # sbhd, B = 2: 2x is 1056 tokens of each sequence; B = 1 is bshd's walk
+    b, h, d = 2, 32, 128
+    assert step((b, 1055, h, d), src_strides=(h * d, b * h * d, d))
+    assert not step((b, 1056, h, d), src_strides=(h * d, b * h * d, d))
+    assert step((b, 1056, h, d))
+    assert step((1, 4096, h, d), src_strides=(4096 * h * d, h * d, d))
+    big = _plan(monkeypatch, (1, 8448, 32, 128), step_eligible=True)
+    assert not big.step and big.unroll == 4
 
 
 def test_plan_bf16_gets_16_byte_vectors_and_32_bit_offsets(monkeypatch):

@@ -27,7 +27,7 @@ import torch
 from ports import _alloc, registry
 from ports.harness.runner import run_case
 from ports.harness.suites import get_suite
-from ports.fastrope import ablation, apply_rope, apply_rope_inplace
+from ports.fastrope import ablation, apply_rope, apply_rope_inplace, plan
 from ports.fastrope.canonical import ANGLE_REL_ERR_FP64
 from reference.case import RopeCase, RopeInputs, make_inputs
 from reference.expected import expected, tolerances
@@ -577,6 +577,49 @@ def test_heads_per_step_do_not_change_the_bits(style, positions):
         for tuning, in_place in itertools.product(tunings, (False, True)):
             got = run(tables, tuning, in_place)
             assert all(_same_bits(a, b) for a, b in zip(got, base)), (tuning, in_place)
+
+
+@pytest.mark.parametrize("layout,dtype,positions", [("bshd", "bf16", "offset"),
+                                                     ("sbhd", "fp32", "ids"),
+                                                     ("bhsd", "fp16", "arange")])
+def test_mid_sized_problems_take_the_step_kernel_with_the_main_kernels_bits(
+        monkeypatch, layout, dtype, positions):
+    """A prefill of about 3x the resident threads' chunk-rows (sized from this GPU's SMs; under
+    plan.step_work_bound) takes the step kernel; its outputs and gradients (asymmetric tables)
+    are the main kernel's bits (the step_kernel=False ablation), out of place and in place."""
+    chosen = []
+    real = plan.choose
+    monkeypatch.setattr(plan, "choose", lambda **kw: chosen.append(real(**kw)) or chosen[-1])
+    chunks = 8 if dtype != "fp32" else 16  # 16-byte chunk threads per row of 128
+    batch, kv = (1, 8) if layout != "bhsd" else (2, None)
+    htot = 32 + (kv or 0)
+    seqlen = 3 * plan.sm_count(0) * 2048 // (htot * chunks * batch)
+    case = RopeCase(batch, seqlen, 32, 128, kv_heads=kv, layout=layout, dtype=dtype,
+                    positions=positions, max_position=2 * seqlen + 64, asymmetric=True,
+                    label="step kernel band")
+    inputs = make_inputs(case, _seed(case), DEV)
+    kw = dict(layout=layout, cos=inputs.cos, sin=inputs.sin)
+    kw.update({"offset": dict(offsets=inputs.offsets),
+               "ids": dict(positions=inputs.positions)}.get(positions, {}))
+    grads = [torch.randn_like(x) for x in inputs.xs]
+
+    def run(tuning, in_place):
+        leaves = [x.detach().clone().requires_grad_(True) for x in inputs.xs]
+        fn = ablation.apply_rope_inplace if in_place else ablation.apply_rope
+        outs = _tuple(fn(*([x.clone() for x in leaves] if in_place else leaves), tuning=tuning,
+                         **kw))
+        torch.autograd.backward(outs, grads)
+        return [o.detach() for o in outs] + [x.grad for x in leaves]
+
+    for in_place in (False, True):
+        chosen.clear()
+        got = run(ablation.DESIGN, in_place)
+        assert chosen and all(p.step for p in chosen), [p.kernel for p in chosen]
+        chosen.clear()
+        main = run(ablation.Tuning(step_kernel=False), in_place)
+        assert chosen and not any(p.step for p in chosen), [p.kernel for p in chosen]
+        assert all(_same_bits(a, b) for a, b in zip(got, main)), in_place
+        assert not torch.equal(got[0], inputs.xs[0])  # rotated
 
 
 def test_empty_inputs_and_zero_head_k():

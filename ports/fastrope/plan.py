@@ -13,9 +13,10 @@ Everything here is plain integer arithmetic on shapes, strides and addresses:
   than the L2 holds: a call that fits leaves its data there for the next reader.
 * grid (token blocks, sequences, head splits) x block (chunks, head lanes, tokens); sbhd walks
   the (s, b) tokens in memory order instead (``fold``).
-* small problems (a decode step) from given tables take rope.cu's step kernel instead: one
-  thread per (token, head, chunk), grid (S, B, head blocks), 32-bit fields, the problem's
-  switches (position form, id width, table width, direction) compiled in.
+* small and mid-sized problems (a decode step, a prefill up to ``step_work_bound`` times the
+  resident threads) from given tables take rope.cu's step kernel instead: one thread per
+  (token, head, chunk), grid (S, B, head blocks), 32-bit fields, the problem's switches
+  (position form, id width, table width, direction) compiled in.
 
 The keyword arguments of :func:`choose` after ``in_place`` force an ablation (see ablation.py);
 their defaults are the design.
@@ -109,6 +110,18 @@ def heads_per_step(work: int, resident: int, capped: bool) -> int:
     return 1
 
 
+def step_work_bound(elem_size: int, sbhd_batches: bool) -> int:
+    """The step kernel takes problems of fewer chunk-rows than this many times the resident
+    threads: 8 for 16-bit data, 4 for fp32. Up to there one thread per chunk-row (every load of a
+    thread independent, no loop) is faster than the unrolled steps, L2-sized problems most
+    (DESIGN.md has the measurements); beyond it the unrolled steps' fewer threads win. 2 for
+    sbhd with B > 1 (``sbhd_batches``): the step grid walks one sequence at a time, where the
+    main kernel walks the tokens in memory order."""
+    if sbhd_batches:
+        return 2
+    return 8 if elem_size == 2 else 4
+
+
 def step_head_blocks(htot: int, chunks: int, heads: int, tokens: int, sms: int) -> int:
     """Blocks the step kernel spreads a token's ``htot`` heads over (``chunks`` threads per head,
     ``heads`` heads per thread): the fewest of <= 256 threads, or with fewer tokens than SMs
@@ -193,9 +206,9 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
         flags |= kernel.NO_CACHE_HINTS
     # sbhd (sequence stride outside the batch stride): walk the tokens in memory order, so the
     # blocks in flight read one dense span instead of B interleaved ones (DESIGN.md).
-    fold = batch if (memory_order and batch > 1
-                     and tokens <= INT32_MAX - MAX_TOKENS_PER_BLOCK  # t stays an int
-                     and all(op.src_strides[1] > op.src_strides[0] for op in operands)) else 0
+    sbhd_batches = batch > 1 and all(op.src_strides[1] > op.src_strides[0] for op in operands)
+    fold = batch if (memory_order and sbhd_batches
+                     and tokens <= INT32_MAX - MAX_TOKENS_PER_BLOCK) else 0  # t stays an int
     rows, grid_batch = (tokens, 1) if fold else (seqlen, batch)
     if index_bits is None:
         extent = 0
@@ -207,7 +220,8 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
     resident = sm_count(q.get_device()) * 2048
     work = tokens * htot * chunks  # chunk-rows: one thread's unit of work per head
     if (step_kernel and step_eligible and not computed and shape_rule == "auto" and unroll is None
-            and not flags & kernel.DIVIDE and index_bits == 32 and work < 2 * resident
+            and not flags & kernel.DIVIDE and index_bits == 32
+            and work < step_work_bound(elem, sbhd_batches) * resident
             and batch <= MAX_GRID_Y and chunks <= THREADS_PER_BLOCK):
         # The step kernel: every (token, head, chunk) its own thread; the heads of a token
         # spread evenly over as few blocks of <= 256 threads as hold them. Rotate-half threads

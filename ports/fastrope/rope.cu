@@ -543,12 +543,13 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
   }
 }
 
-// The step kernel, for small problems (a decode step: a few tokens, all heads of q and k):
-// one thread per (token, chunk) and HEADS heads of it (1 in the design), no loop, so every
-// thread's loads are in flight at once and no thread waits on another; rotate-half threads own
-// a chunk of each half (the host sets BOTH_HALVES). Given tables only, no thd; the host
-// (plan.py) picks it when the chunk-rows are fewer than twice the resident threads and every
-// offset fits 32 bits.
+// The step kernel, for small and mid-sized problems (a decode step: a few tokens, all heads of
+// q and k; a prefill whose data is about the L2's size): one thread per (token, chunk) and
+// HEADS heads of it (1 in the design), no loop, so every thread's loads are in flight at once
+// and no thread waits on another; rotate-half threads own a chunk of each half (the host sets
+// BOTH_HALVES). Given tables only, no thd; the host (plan.py, step_work_bound) picks it when
+// the chunk-rows are fewer than 8 (16-bit) or 4 (fp32) times the resident threads, 2 for sbhd
+// with B > 1, and every offset fits 32 bits.
 //   grid  (S, B, head_blocks)   block (chunks, head lanes); lane l of block z takes heads
 //   z * lanes * HEADS + l + u * lanes, u < HEADS, and loads the token's cos/sin chunk once.
 // The data loads are issued first; the position (an id or offset load) and the table row that
