@@ -28,7 +28,7 @@ class Tuning:
     unroll: int | None = None       # heads per thread per step
     separate_launches: bool = False  # q and k in two launches
     memory_order: bool = True       # False: the sbhd grid walks each sequence in turn
-    step_kernel: bool = True        # False: small problems take the main kernel too
+    step_kernel: bool = True        # False: small and mid-sized problems take the main kernel
     step_heads: int | None = None   # heads per thread in the step kernel
     one_half_per_thread: bool = False  # out of place from tables: a thread per half + partner
     runtime_switches: bool = False  # the step kernel reads the problem's switches at run time

@@ -160,8 +160,8 @@ def _ablations() -> list[ImplSpec]:
         _ablation("no_cache_hints", "plain loads/stores (no evict-first streaming hints)",
                   dict(flags=K.NO_CACHE_HINTS)),
         _ablation("int64_index", "64-bit offsets even when 32-bit fit", dict(index_bits=64)),
-        _ablation("no_step_kernel", "small problems (a decode step) take the main kernel, "
-                  "not the step kernel", dict(step_kernel=False)),
+        _ablation("no_step_kernel", "small and mid-sized problems (a decode step, an L2-sized "
+                  "prefill) take the main kernel, not the step kernel", dict(step_kernel=False)),
         _ablation("runtime_switches", "the step kernel reads the position form, id width, "
                   "table width and direction at run time", dict(runtime_switches=True)),
         _ablation("separate_launches", "q and k in two launches", dict(separate_launches=True)),

@@ -1,10 +1,10 @@
 """rope.cu's kernel as the host sees it: its template instantiations, its switches, its compile.
 
 The kernel is one template, ``study_rope<T, TT, V, INTERLEAVED, COMPUTED, IDX, UNROLL,
-FLAGS>``, beside the step kernel for small problems, ``rope_step<T, TT, V, INTERLEAVED,
-FLAGS, HEADS, SWITCHES>``. :func:`kernel_name` and :func:`step_kernel_name` spell an instantiation as the
-NVRTC name expression that compiles it; :func:`function_ptr` compiles it (once per device) for the
-launcher.
+FLAGS>``, beside the step kernel for small and mid-sized problems, ``rope_step<T, TT, V,
+INTERLEAVED, FLAGS, HEADS, SWITCHES>``. :func:`kernel_name` and :func:`step_kernel_name` spell an
+instantiation as the NVRTC name expression that compiles it; :func:`function_ptr` compiles it (once
+per device) for the launcher.
 """
 from __future__ import annotations
 
