@@ -757,6 +757,31 @@ def test_plan_step_kernel_bound_by_dtype_and_walk(monkeypatch):
     assert not big.step and big.unroll == 4
 
 
+def test_plan_step_kernel_heads_per_thread(monkeypatch):
+    """One head per thread in the step kernel, except in place on 16-bit data from 2x the resident
+    threads' chunk-rows (132 SMs faked): 4 heads where a block of them fills whole warps, at least
+    two (32 heads: 8 lanes of 8 chunks), else 2 (40 heads: 10 lanes of 4 would leave a warp
+    part-filled), else 1 (8 heads: 2 heads would make blocks of one warp). The step_heads
+    ablation overrides."""
+    resident = 132 * 2048
+
+    def heads(shape, dtype=torch.bfloat16, in_place=True, **kw):
+        p = _plan(monkeypatch, shape, dtype=dtype, tables_dtype=dtype, step_eligible=True,
+                  in_place=in_place, **kw)
+        assert p.step
+        return int(p.kernel.rsplit(", ", 2)[1])  # rope_step<..., FLAGS, HEADS, SWITCHES>
+
+    assert 2112 * 32 * 8 == 2 * resident
+    assert heads((1, 2112, 32, 128)) == 4 and heads((1, 2111, 32, 128)) == 1
+    assert heads((1, 4096, 32, 128), torch.float16) == 4
+    assert heads((1, 4096, 32, 128), k_heads=8) == 2
+    assert heads((1, 32768, 8, 128)) == 1
+    assert heads((1, 4096, 32, 128), in_place=False) == 1
+    assert heads((1, 2000, 32, 128), torch.float32) == 1  # 3.8x, under fp32's 4x bound
+    assert heads((1, 1, 32, 128), k_heads=8) == 1  # decode
+    assert heads((1, 4096, 32, 128), step_heads=1) == 1
+
+
 def test_plan_bf16_gets_16_byte_vectors_and_32_bit_offsets(monkeypatch):
     p = _plan(monkeypatch)
     assert p.vector == 8 and p.index_bits == 32

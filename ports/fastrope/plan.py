@@ -15,7 +15,8 @@ Everything here is plain integer arithmetic on shapes, strides and addresses:
   the (s, b) tokens in memory order instead (``fold``).
 * small and mid-sized problems (a decode step, a prefill up to ``step_work_bound`` times the
   resident threads) from given tables take rope.cu's step kernel instead: one thread per
-  (token, head, chunk), grid (S, B, head blocks), 32-bit fields, the problem's switches
+  (token, chunk) and one head (in place on L2-sized 16-bit prefills, 2 or 4:
+  ``step_heads_per_thread``), grid (S, B, head blocks), 32-bit fields, the problem's switches
   (position form, id width, table width, direction) compiled in.
 
 The keyword arguments of :func:`choose` after ``in_place`` force an ablation (see ablation.py);
@@ -120,6 +121,23 @@ def step_work_bound(elem_size: int, sbhd_batches: bool) -> int:
     if sbhd_batches:
         return 2
     return 8 if elem_size == 2 else 4
+
+
+def step_heads_per_thread(in_place: bool, elem_size: int, work: int, resident: int, htot: int,
+                          chunks: int, tokens: int, sms: int) -> int:
+    """Heads per thread in the step kernel: 1, except in place on 16-bit data from 2x the
+    resident threads' chunk-rows (an L2-sized prefill), where each thread loads and writes back
+    several heads with the token's table chunk loaded once: 4, else 2, where the blocks of a
+    token's heads then fill whole warps, at least two (an SM holds at most 32 blocks: blocks of
+    one warp would leave half its threads idle). DESIGN.md has the measurements; fp32 and out of
+    place gained nothing."""
+    if not in_place or elem_size != 2 or work < 2 * resident:
+        return 1
+    for heads in (4, 2):
+        threads = -(-htot // (step_head_blocks(htot, chunks, heads, tokens, sms) * heads)) * chunks
+        if threads % 32 == 0 and threads >= 64:
+            return heads
+    return 1
 
 
 def step_head_blocks(htot: int, chunks: int, heads: int, tokens: int, sms: int) -> int:
@@ -229,10 +247,10 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
         step_flags = flags if interleaved else flags | kernel.BOTH_HALVES
         step_rot = rotary_dim // v if interleaved else half // v
         step_chunks = step_rot + tail_chunks
-        # One head per thread (the step_heads ablation: more; DESIGN.md has what 2 and 4 cost).
-        heads = step_heads or 1
-        head_blocks = step_head_blocks(htot, step_chunks, heads, tokens,
-                                       sm_count(q.get_device()))
+        sms = sm_count(q.get_device())
+        heads = step_heads or step_heads_per_thread(in_place, elem, work, resident, htot,
+                                                    step_chunks, tokens, sms)
+        head_blocks = step_head_blocks(htot, step_chunks, heads, tokens, sms)
         lanes = -(-htot // (head_blocks * heads))
         if head_blocks <= MAX_GRID_Y:
             switches = kernel.RUNTIME_SWITCHES if runtime_switches else step_switches
