@@ -21,10 +21,15 @@ floor.
 design, computed angles, 1, 2 or 8 heads per step, plain loads and stores, a thread owning one
 half (loading its partner), and the step kernel forced at every size (out of place and in place), beside the peers.
 
+``band``: the step kernel's L2-sized band in place: the prefill suite's 16-bit 1x4096x32 and
+1x32768x8 cases (bshd and sbhd) and the peers suite's bf16 case with k at 2048-6144 tokens,
+CUDA-graph timed: the design (``plan.step_heads_per_thread``) against 1, 2 and 4 heads per thread
+(the ``step_heads`` ablation, in place), beside flash-attn's in-place kernel and Liger.
+
 Everything runs through the harness (equal inputs, validated against the float64 oracle). Each
 value is the minimum over ``reps`` rounds of the median, rounds interleaved across cases.
 
-    python -m tools.decode_peers_probe [decode] [minimal] [prefill] [--reps N]
+    python -m tools.decode_peers_probe [decode] [minimal] [prefill] [band] [--reps N]
 """
 from __future__ import annotations
 
@@ -209,7 +214,23 @@ def prefill():
     _table("prefill", cases, specs, [(_huge_gpu, [forced, forced_ip])], graph=False)
 
 
-PROBES = {"decode": decode, "minimal": minimal, "prefill": prefill}
+def band():
+    prefill_cases = [c for c in get_suite("prefill") if c.dtype != "fp32"
+                     and c.batch * c.seqlen * c.heads in (4096 * 32, 32768 * 8)]
+    peers = next(c for c in get_suite("peers") if c.batch == 1 and c.seqlen == 4096)
+    cases = prefill_cases + [peers.replace(seqlen=s) for s in (2048, 3072, 4096, 5120, 6144)]
+    specs = [registry.get(n) for n in ("fastrope.rope_inplace", "flash_attn.apply_rotary_inplace",
+                                       "liger.rope")]
+    for heads in (1, 2, 4):
+        tuning = Tuning(step_heads=heads)
+        spec = _ablation(f"step_h{heads}", f"{heads} heads per step-kernel thread",
+                         dict(step_heads=heads))
+        specs.append(dataclasses.replace(spec, name=f"{spec.name}_inplace",
+                                         prepare=_preparer(in_place=True, tuning=tuning)))
+    _table("the step kernel's band, in place", cases, specs, [], graph=True)
+
+
+PROBES = {"decode": decode, "minimal": minimal, "prefill": prefill, "band": band}
 
 if __name__ == "__main__":
     args = sys.argv[1:]

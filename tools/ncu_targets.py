@@ -12,6 +12,13 @@ warm-up, between cudaProfilerStart/Stop: what Nsight Compute profiles to compare
         # step kernel (offsets tensor), the same with 4 heads per thread (the step_heads
         # ablation), the minimal kernel with the row through the offsets
         # (tools/decode_peers_probe.py) and Liger with its rows given, in that order per case
+    ncu --profile-from-start off python -m tools.ncu_targets gaps
+        # the two prefill-suite cases fastrope trails on (harness inputs): 1x32768x8x128 fp32
+        # forward (fastrope, the same with 2 heads per step and plain accesses, flash-attn,
+        # torch.compile) and 4x4096x32x128 bf16 backward (fastrope, torch.compile)
+
+torch's same-dtype copy is a cudaMemcpy, which Nsight Compute does not profile: the targets that
+run one get no row for it (2026-11-25, H100).
 """
 from __future__ import annotations
 
@@ -77,6 +84,42 @@ def peers_long():
     _profile(calls + [lambda: dst.copy_(src)])
 
 
+def _registry_calls(case, names, extra=()):
+    """The registry's prepared calls (``extra``: more specs) on the case's harness inputs;
+    unsupported or missing rows are skipped, said."""
+    from ports import registry
+    from reference.case import make_inputs
+
+    inputs = make_inputs(case, 0, torch.device("cuda"))
+    calls = []
+    for spec in [registry.get(n) for n in names] + list(extra):
+        reason = spec.unsupported_reason(case) or (getattr(spec, "missing", None) or
+                                                   (lambda: None))()
+        if reason:
+            print(f"skipped {spec.name}: {reason}")
+        else:
+            calls.append(spec.prepare(case, inputs))
+    return calls
+
+
+def gaps():
+    from ports.fastrope import kernel
+    from ports.fastrope.canonical import _ablation
+    from ports.harness.suites import get_suite
+
+    prefill = get_suite("prefill")
+    long = next(c for c in prefill if c.layout == "bshd" and c.seqlen == 32768
+                and c.dtype == "fp32")
+    wide = next(c for c in prefill if c.layout == "bshd" and c.batch == 4 and c.dtype == "bf16")
+    plain2 = _ablation("u2_plain", "2 heads per step, plain accesses",
+                       dict(unroll=2, flags=kernel.NO_CACHE_HINTS))
+    calls = _registry_calls(long, ("fastrope.rope", "flash_attn.apply_rotary",
+                                   "torch.compile(hf_rotate_half)"), [plain2])
+    calls += _registry_calls(wide.replace(direction="backward"),
+                             ("fastrope.rope", "torch.compile(hf_rotate_half)"))
+    _profile(calls)
+
+
 def decode_step():
     import cupy
 
@@ -116,7 +159,7 @@ def decode_step():
 
 
 TARGETS = {"prefill": prefill, "decode": decode, "peers_long": peers_long,
-           "decode_step": decode_step}
+           "decode_step": decode_step, "gaps": gaps}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in TARGETS:
