@@ -768,8 +768,8 @@ def test_plan_step_kernel_heads_per_thread(monkeypatch):
     def heads(shape, dtype=torch.bfloat16, in_place=True, **kw):
         p = _plan(monkeypatch, shape, dtype=dtype, tables_dtype=dtype, step_eligible=True,
                   in_place=in_place, **kw)
-        assert p.step
-        return int(p.kernel.rsplit(", ", 2)[1])  # rope_step<..., FLAGS, HEADS, SWITCHES>
+        assert p.step and p.kernel.endswith(f", {p.unroll}, -1>")  # rope_step<..., HEADS, SW>
+        return p.unroll
 
     assert 2112 * 32 * 8 == 2 * resident
     assert heads((1, 2112, 32, 128)) == 4 and heads((1, 2111, 32, 128)) == 1

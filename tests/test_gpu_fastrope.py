@@ -616,8 +616,8 @@ def test_mid_sized_problems_take_the_step_kernel_with_the_main_kernels_bits(
         got = run(ablation.DESIGN, in_place)
         assert chosen and all(p.step for p in chosen), [p.kernel for p in chosen]
         # in place on 16-bit data past 2x the resident threads: 2 or 4 heads per thread
-        heads = int(chosen[0].kernel.rsplit(", ", 2)[1])
-        assert heads == (1 if not in_place or dtype == "fp32" else 4 if kv is None else 2)
+        assert chosen[0].unroll == (1 if not in_place or dtype == "fp32" else 4 if kv is None
+                                    else 2)
         chosen.clear()
         main = run(ablation.Tuning(step_kernel=False), in_place)
         assert chosen and not any(p.step for p in chosen), [p.kernel for p in chosen]

@@ -256,8 +256,8 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
             switches = kernel.RUNTIME_SWITCHES if runtime_switches else step_switches
             name = kernel.step_kernel_name(q.dtype, table_dtype, v, interleaved, step_flags, heads,
                                            switches)
-            return Plan(name, (seqlen, batch, head_blocks), (step_chunks, lanes, 1), 0, v, 1, 32,
-                        step_rot, tail_chunks, lanes, 0, step=True)
+            return Plan(name, (seqlen, batch, head_blocks), (step_chunks, lanes, 1), 0, v, heads,
+                        32, step_rot, tail_chunks, lanes, 0, step=True)
     if unroll is None:
         if shape_rule == "fixed":     # ablation: the prefill shape for every size
             unroll = 4
