@@ -27,12 +27,13 @@ import torch
 from ports import _alloc, registry
 from ports.harness.runner import run_case
 from ports.harness.suites import get_suite
-from ports.fastrope import ablation, apply_rope, apply_rope_inplace, plan
+from ports.fastrope import ablation, apply_rope, apply_rope_inplace, kernel, plan
 from ports.fastrope.canonical import ANGLE_REL_ERR_FP64
 from reference.case import RopeCase, RopeInputs, make_inputs
 from reference.expected import expected, tolerances
 from reference.tables import first_members
 from reference.tolerances import DEFAULT_STEPS, ulp
+from reference.vocabulary import DTYPES
 
 pytestmark = pytest.mark.gpu
 
@@ -577,6 +578,37 @@ def test_heads_per_step_do_not_change_the_bits(style, positions):
         for tuning, in_place in itertools.product(tunings, (False, True)):
             got = run(tables, tuning, in_place)
             assert all(_same_bits(a, b) for a, b in zip(got, base)), (tuning, in_place)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+def test_computed_angle_steps_fit_three_blocks_with_the_same_bits(dtype):
+    """Computed angles with 4 heads per step (the prefill plan from 8x the resident threads):
+    rope.cu caps that kernel to 3 resident blocks of 256 threads per SM (<= 80 registers), and
+    it gives the bits of 1 and 2 heads per step, forward and backward, out of place and in
+    place."""
+    from cupy_backends.cuda.api import driver
+
+    elem = torch.empty((), dtype=DTYPES[dtype]).element_size()
+    name = kernel.kernel_name(DTYPES[dtype], torch.float32, 16 // elem, False, True, 32, 4)
+    regs = driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_NUM_REGS,
+                                   kernel.function_ptr(DEV.index or 0, name))
+    assert 3 * 256 * regs <= 65536, f"{name}: {regs} registers"
+    case = RopeCase(2, 64, 5, 64, kv_heads=3, dtype=dtype, label="computed heads per step")
+    inputs = make_inputs(case, _seed(case), DEV)
+    grads = [torch.randn_like(x) for x in inputs.xs]
+
+    def run(unroll, in_place):
+        leaves = [x.detach().clone().requires_grad_(True) for x in inputs.xs]
+        fn = ablation.apply_rope_inplace if in_place else ablation.apply_rope
+        xs = [x.clone() for x in leaves] if in_place else leaves
+        outs = _tuple(fn(*xs, inv_freq=inputs.inv_freq, tuning=ablation.Tuning(unroll=unroll)))
+        torch.autograd.backward(outs, grads)
+        return [o.detach() for o in outs] + [x.grad for x in leaves]
+
+    base = run(1, False)
+    for unroll, in_place in itertools.product((2, 4), (False, True)):
+        got = run(unroll, in_place)
+        assert all(_same_bits(a, b) for a, b in zip(got, base)), (unroll, in_place)
 
 
 @pytest.mark.parametrize("layout,dtype,positions", [("bshd", "bf16", "offset"),
