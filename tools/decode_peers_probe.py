@@ -26,10 +26,15 @@ half (loading its partner), and the step kernel forced at every size (out of pla
 CUDA-graph timed: the design (``plan.step_heads_per_thread``) against 1, 2 and 4 heads per thread
 (the ``step_heads`` ablation, in place), beside flash-attn's in-place kernel and Liger.
 
+``large``: out of place past the L2: the prefill suite's 16-bit 4x4096x32 (both layouts),
+bshd 8x4096x64 bf16, 1x32768x8 bf16 and fp32 and 4x4096x32 fp32, and the peers suite's prefill
+cases of at least 16384 tokens, CUDA-graph timed: the design against plain loads and stores and
+2 heads per step, beside flash-attn and torch.compile.
+
 Everything runs through the harness (equal inputs, validated against the float64 oracle). Each
 value is the minimum over ``reps`` rounds of the median, rounds interleaved across cases.
 
-    python -m tools.decode_peers_probe [decode] [minimal] [prefill] [band] [--reps N]
+    python -m tools.decode_peers_probe [decode] [minimal] [prefill] [band] [large] [--reps N]
 """
 from __future__ import annotations
 
@@ -230,7 +235,20 @@ def band():
     _table("the step kernel's band, in place", cases, specs, [], graph=True)
 
 
-PROBES = {"decode": decode, "minimal": minimal, "prefill": prefill, "band": band}
+def large():
+    prefill_cases = get_suite("prefill")
+    cases = [c for c in prefill_cases if (c.batch, c.seqlen) == (4, 4096) and c.dtype != "fp32"]
+    cases += [c for c in prefill_cases if c.layout == "bshd" and (
+        (c.batch, c.heads, c.dtype) == (8, 64, "bf16") or (c.seqlen == 32768 and c.dtype != "fp16")
+        or ((c.batch, c.seqlen, c.dtype) == (4, 4096, "fp32")))]
+    cases += [c for c in get_suite("peers") if c.seqlen >= 4096 and c.batch * c.seqlen >= 16384]
+    specs = [registry.get(n) for n in ("fastrope.rope", "flash_attn.apply_rotary",
+                                       "torch.compile(hf_rotate_half)")]
+    specs += _variants({"no_hints": dict(flags=kernel.NO_CACHE_HINTS), "u2": dict(unroll=2)})
+    _table("prefill past the L2, out of place", cases, specs, [], graph=True)
+
+
+PROBES = {"decode": decode, "minimal": minimal, "prefill": prefill, "band": band, "large": large}
 
 if __name__ == "__main__":
     args = sys.argv[1:]
