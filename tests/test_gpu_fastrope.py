@@ -588,8 +588,8 @@ def test_computed_angle_steps_fit_three_blocks_with_the_same_bits(dtype):
     place."""
     from cupy_backends.cuda.api import driver
 
-    elem = torch.empty((), dtype=DTYPES[dtype]).element_size()
-    name = kernel.kernel_name(DTYPES[dtype], torch.float32, 16 // elem, False, True, 32, 4)
+    vector = kernel._full_width(DTYPES[dtype])
+    name = kernel.kernel_name(DTYPES[dtype], torch.float32, vector, False, True, 32, 4)
     regs = driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_NUM_REGS,
                                    kernel.function_ptr(DEV.index or 0, name))
     assert 3 * 256 * regs <= 65536, f"{name}: {regs} registers"

@@ -18,10 +18,10 @@
 // Resident blocks of 256 threads per SM the register budget must allow: one head per step from
 // given tables with a thread per chunk of one half (the one_half_per_thread ablation) fits 6
 // blocks (<= 40 registers, no spills); computed angles out of place with 4 heads per step (a
-// thread per half) fit 3 (<= 80 registers, no spills; 85-96 uncapped, 2 blocks), which hides
-// the per-token fp64 sincos behind more warps: 6-10% faster on prefill shapes (DESIGN.md).
-// The other kernels keep their registers: with tables (both halves per thread) a cap of 3 spills
-// the 16-bit ones and gains nothing for fp32; computed angles in place were not measured.
+// thread per half) fit 3 (<= 80 registers, no spills), so that more warps hide the per-token
+// fp64 sincos. The other kernels keep their registers: with tables (both halves per thread) a
+// cap spills the 16-bit ones and gains nothing for fp32; computed angles in place were not
+// measured with one. DESIGN.md ("Registers") has the measurements.
 // tools/launch_shape_sweep.py overrides it with -DSTUDY_MIN_BLOCKS_CAP=N.
 #ifdef STUDY_MIN_BLOCKS_CAP
 #define STUDY_MIN_BLOCKS(unroll, computed, flags) STUDY_MIN_BLOCKS_CAP
