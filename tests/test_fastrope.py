@@ -562,9 +562,9 @@ def test_vector_width_satisfies_every_constraint(seed):
 # ---- the plan (sm count faked) ------------------------------------------------------------------
 def _plan(monkeypatch, shape=(2, 16, 4, 128), dtype=torch.bfloat16, rotary_dim=None, k_heads=None,
           interleaved=False, computed=False, in_place=False, src_strides=None,
-          tables_dtype=torch.float32, **kw):
+          tables_dtype=torch.float32, l2=H100_L2_BYTES, **kw):
     monkeypatch.setattr(plan, "sm_count", lambda index: 132)
-    monkeypatch.setattr(plan, "l2_bytes", lambda index: H100_L2_BYTES)
+    monkeypatch.setattr(plan, "l2_bytes", lambda index: l2)
     b, s, h, d = shape
     rot = d if rotary_dim is None else rotary_dim
     ops = []
@@ -667,13 +667,40 @@ def test_plan_heads_per_step_from_the_work(monkeypatch):
     head for a thread per chunk of one half from given tables (the one_half_per_thread ablation:
     rope.cu caps their registers), 2 otherwise."""
     big, medium, small = (4, 4096, 32, 128), (1, 4096, 32, 128), (1, 512, 32, 128)
-    assert _plan(monkeypatch, big).unroll == 4
+    assert _plan(monkeypatch, big, dtype=torch.float32).unroll == 4
+    assert _plan(monkeypatch, big, computed=True).unroll == 4
     assert _plan(monkeypatch, medium).unroll == 2  # both halves per thread
     assert _plan(monkeypatch, medium, one_half_per_thread=True).unroll == 1
     assert _plan(monkeypatch, medium, computed=True).unroll == 2
     assert _plan(monkeypatch, medium, in_place=True).unroll == 2
     assert _plan(monkeypatch, small).unroll == 1
     assert _plan(monkeypatch, small, computed=True).unroll == 1
+
+
+def test_plan_16_bit_past_the_l2_takes_8_byte_accesses_and_2_heads_per_step(monkeypatch):
+    """16-bit rotate-half from tables whose data outlives the L2 (out of place or in place):
+    V = 4 (8 bytes) and 2 heads per step, in 256-thread blocks of one token. fp32, computed
+    angles, interleaved, data that fits the L2 and the wide_steps_past_l2 ablation keep 16-byte
+    accesses."""
+    big = (4, 4096, 32, 128)  # 67 MB of bf16: past the L2 in place too
+    for dtype in (torch.bfloat16, torch.float16):
+        for in_place in (False, True):
+            p = _plan(monkeypatch, big, dtype=dtype, in_place=in_place)
+            assert (p.vector, p.unroll, p.block) == (4, 2, (16, 16, 1)), (dtype, in_place)
+            assert p.kernel == kernel.kernel_name(dtype, torch.float32, 4, False, False, 32, 2,
+                                                  kernel.BOTH_HALVES)
+    p = _plan(monkeypatch, big, rotary_dim=64)  # the tail chunks narrow with the rotary ones
+    assert (p.vector, p.rot_chunks, p.tail_chunks) == (4, 8, 16)
+    assert (_plan(monkeypatch, big, dtype=torch.float32).vector,
+            _plan(monkeypatch, big, computed=True).vector,
+            _plan(monkeypatch, big, interleaved=True).vector) == (4, 8, 8)
+    assert _plan(monkeypatch, big, interleaved=True).unroll == 4
+    # the same problem inside the L2 (a 1 GiB L2 faked: an L2-sized 16-bit prefill takes the
+    # step kernel by its work) keeps 16 bytes and 4 heads
+    p = _plan(monkeypatch, big, l2=1 << 30)
+    assert (p.vector, p.unroll, p.step) == (8, 4, False)
+    wide = _plan(monkeypatch, big, vector_cap=8, unroll=4)  # the ablation's Tuning
+    assert (wide.vector, wide.unroll) == (8, 4)
 
 
 def test_launcher_packs_the_kernels_parameter_layouts():
@@ -754,7 +781,7 @@ def test_plan_step_kernel_bound_by_dtype_and_walk(monkeypatch):
     assert step((b, 1056, h, d))
     assert step((1, 4096, h, d), src_strides=(4096 * h * d, h * d, d))
     big = _plan(monkeypatch, (1, 8448, 32, 128), step_eligible=True)
-    assert not big.step and big.unroll == 4
+    assert not big.step and (big.unroll, big.vector) == (2, 4)  # past the L2 (its own test)
 
 
 def test_plan_step_kernel_heads_per_thread(monkeypatch):

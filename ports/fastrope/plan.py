@@ -7,7 +7,8 @@ Everything here is plain integer arithmetic on shapes, strides and addresses:
   keeps every address (tensors and cos/sin rows) aligned to the access it makes.
 * ``unroll`` (heads per thread per step) and head splits from the work size: a decode step
   needs many small blocks to cover the SMs, a prefill shape needs few threads with many
-  independent loads each.
+  independent loads each. 16-bit rotate-half from tables past the L2 takes 8-byte accesses
+  and 2 heads per step instead of 16 and 4: half the registers, twice the resident warps.
 * ``IDX``: 32-bit offsets when every offset fits, else 64-bit.
 * streaming (evict-first) loads and stores only when the data the call reads and writes is more
   than the L2 holds: a call that fits leaves its data there for the next reader.
@@ -220,7 +221,8 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
     # accesses would send it to DRAM (DESIGN.md has what that costs). The cos/sin rows are left
     # out of the count.
     data_bytes = tokens * htot * head_dim * elem * (1 if in_place else 2)
-    if not hints_at_every_size and data_bytes <= l2_bytes(q.get_device()):
+    past_l2 = data_bytes > l2_bytes(q.get_device())
+    if not hints_at_every_size and not past_l2:
         flags |= kernel.NO_CACHE_HINTS
     # sbhd (sequence stride outside the batch stride): walk the tokens in memory order, so the
     # blocks in flight read one dense span instead of B interleaved ones (DESIGN.md).
@@ -258,6 +260,14 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
                                            switches)
             return Plan(name, (seqlen, batch, head_blocks), (step_chunks, lanes, 1), 0, v, heads,
                         32, step_rot, tail_chunks, lanes, 0, step=True)
+    if (past_l2 and elem == 2 and v == 8 and flags & kernel.BOTH_HALVES and not computed
+            and unroll is None and vector_cap is None and shape_rule == "auto"):
+        # 16-bit from tables past the L2: 8-byte accesses and 2 heads per step. 16 bytes x 4
+        # heads x both halves hold 112 registers (2 blocks of 256 per SM), 8 x 2 hold 56 (4
+        # blocks); the doubled warps are 1-3% faster forward, backward and in place (DESIGN.md).
+        v, unroll = 4, 2
+        rot_chunks, tail_chunks = half // v, tail // v
+        chunks = rot_chunks + tail_chunks
     if unroll is None:
         if shape_rule == "fixed":     # ablation: the prefill shape for every size
             unroll = 4
