@@ -1,0 +1,165 @@
+"""Access width, heads per step and register cap of fastrope's main kernel past the L2. (Needs a GPU.)
+
+rope.cu launched directly, with the plan's grid for each configuration, from the half-width
+tables the registry gives fastrope, in three modes: out of place, out of place by -theta (the
+backward's kernel, on dy) and in place. CUDA-graph us (a graph of 60 calls, the median of 10
+replays) under two allocation draws (a pad of 1 or 23 MiB allocated before the inputs), beside
+a same-size copy and torch.compile's forward and backward (autograd) on the same inputs. Every
+configuration's output is checked bit for bit against ``apply_rope``'s before it is timed.
+
+``prefill``: the prefill suite's cases past the L2 (q only): bshd 4x4096x32x128 fp16, bf16 and
+fp32, 8x4096x64x128 bf16, 1x32768x8x128 bf16 and fp32; sbhd 4096x4x32x128 bf16 and
+32768x1x8x128 fp32. Configurations (bytes per access, heads per step, register cap; ptxas sm_90
+registers and resident blocks of 256 threads): 16-bit 16 B x 4 (112, 2), 8 B x 4 (72, 3), 8 B x
+4 capped at 4 blocks (64), 16 B x 2 capped at 3 (80), 8 B x 2 (56, 4: the design); fp32 16 B x 4
+(88, 2: the design), 8 B x 4 (61, 4), 16 B x 2 capped at 4 (64), 8 B x 2.
+
+``peers``: the peers suite's 16-bit rotate-half prefill cases past the L2 (q and GQA k, 8 heads,
+in one launch): 16 B x 4, the design, the design with its head lanes spread evenly over the
+passes (40 heads: 10 lanes in 2 full passes instead of 16 and a pass of 8), 8 B x 4.
+
+    python -m tools.access_width_probe [prefill] [peers]
+"""
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import sys
+
+import torch
+
+from ports import _cupy, registry
+from ports._adapters import half_width_tables
+from ports.fastrope import apply_rope, kernel, launcher, plan, problem
+from ports.harness.suites import get_suite
+from reference.case import make_inputs
+from tools._probe_kit import run_named
+
+CALLS, REPLAYS, PADS_MIB = 60, 10, (1, 23)
+MODES = ("out of place", "by -theta", "in place")
+# name: (vector cap in elements of 2 bytes or 4, heads per step, register cap, even lanes)
+SIXTEEN_BIT = {"16 B x 4": (8, 4, None, False), "8 B x 4": (4, 4, None, False),
+               "8 B x 4, cap 4": (4, 4, 4, False), "16 B x 2, cap 3": (8, 2, 3, False),
+               "8 B x 2 (design)": (None, None, None, False)}
+FP32 = {"16 B x 4 (design)": (None, None, None, False), "8 B x 4": (2, 4, None, False),
+        "16 B x 2, cap 4": (4, 2, 4, False), "8 B x 2": (2, 2, None, False)}
+PEERS = {"16 B x 4": (8, 4, None, False), "8 B x 2 (design)": (None, None, None, False),
+         "8 B x 2, even lanes": (None, None, None, True), "8 B x 4": (4, 4, None, False)}
+SOURCE = "ports/fastrope/rope.cu"
+
+
+def graph_us(fn, stream) -> float:
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        for _ in range(CALLS):
+            fn()
+    times = []
+    for _ in range(REPLAYS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        g.replay()
+        end.record(stream)
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / CALLS)
+    return statistics.median(times)
+
+
+def launch(xs, outs, cos, sin, layout, config, backward, in_place):
+    """The zero-argument launch of one configuration on q (and k) ``xs`` into ``outs``."""
+    vector_cap, unroll, cap, even_lanes = config
+    x = xs[0]
+    b, s = (x.shape[1], x.shape[0]) if layout == "sbhd" else (x.shape[0], x.shape[1])
+    d = x.shape[-1]
+    ops = [plan.Operand(a, o, a.shape[2], problem.strides(a, layout), problem.strides(o, layout))
+           for a, o in zip(xs, outs)]
+    p = plan.choose(operands=ops, batch=b, seqlen=s, head_dim=d, rotary_dim=d,
+                    interleaved=False, tables=(cos, sin, True), computed=False,
+                    in_place=in_place, unroll=unroll, vector_cap=vector_cap)
+    if even_lanes:
+        units = -(-sum(op.heads for op in ops) // p.unroll)
+        passes = -(-units // p.block[1])
+        p = dataclasses.replace(p, block=(p.block[0], -(-units // passes), p.block[2]))
+    lc = launcher.prepare(p, ops, seqlen=s, half=d // 2, half_table=True,
+                          table_rows=cos.shape[0], table_stride=cos.stride(0), pos_mode=0,
+                          pos_strides=(0, 0), pos_int32=False, nseq=0, backward=backward)
+    options = (f"-DSTUDY_MIN_BLOCKS_CAP={cap}",) if cap else ()
+    source = open(SOURCE).read()
+    fn = _cupy._load(x.get_device(), source, kernel.FILENAME, options, (p.kernel,))[p.kernel]
+    lc = dataclasses.replace(lc, function=fn.ptr)
+    k_in, k_out = (xs[1].data_ptr(), outs[1].data_ptr()) if len(xs) > 1 else (0, 0)
+    args = (x.data_ptr(), k_in, outs[0].data_ptr(), k_out, cos.data_ptr(), sin.data_ptr(),
+            0, 0, 0, 0)
+    return lambda: launcher.launch(lc, *args)
+
+
+def run_cases(cases, configs_of):
+    stream = torch.cuda.Stream()
+    compiled = registry.get("torch.compile(hf_rotate_half)")
+    for case in cases:
+        back = case.replace(direction="backward")
+        configs = configs_of(case)
+        times: dict = {}
+        for pad_mib in PADS_MIB:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                pad = torch.empty(pad_mib << 20, dtype=torch.uint8, device="cuda")
+                inputs = make_inputs(back, 0, "cuda")
+                n = 2 if case.kv_heads else 1
+                xs, dys = list(inputs.xs[:n]), list(inputs.grads[:n])
+                cos, sin = half_width_tables(back, inputs)
+                outs = [torch.empty_like(t) for t in xs]
+                rotated = [t.clone() for t in xs]
+                ref = apply_rope(*xs, cos=cos, sin=sin, layout=case.layout)
+                ref = ref if isinstance(ref, tuple) else (ref,)
+                calls = {"copy": lambda: [o.copy_(t) for o, t in zip(outs, dys)]}
+                for name, config in configs.items():
+                    for mode in MODES:
+                        src, dst = ((rotated, rotated) if mode == "in place"
+                                    else (xs if mode == "out of place" else dys, outs))
+                        fn = launch(src, dst, cos, sin, case.layout, config,
+                                    mode == "by -theta", mode == "in place")
+                        if mode == "out of place":
+                            for o in outs:
+                                o.fill_(float("nan"))
+                            fn()
+                            assert all(torch.equal(o, r) for o, r in zip(outs, ref)), name
+                        calls[(name, mode)] = fn
+                calls[("torch.compile", "out of place")] = compiled.prepare(case, inputs)
+                calls[("torch.compile", "by -theta")] = compiled.prepare(back, inputs)
+                for key, fn in calls.items():
+                    fn()
+                    fn()
+                    times.setdefault(key, []).append(graph_us(fn, stream))
+                del calls, inputs, xs, dys, outs, rotated, pad
+            torch.cuda.synchronize()
+        draws = " / ".join(f"{p} MiB" for p in PADS_MIB)
+        print(f"\n### {case.describe()}: CUDA-graph us, allocation draws {draws}")
+        print(f"copy: {' / '.join(f'{t:.2f}' for t in times['copy'])}")
+        print("| configuration | out of place | by -theta (backward) | in place |\n|---|---|---|---|")
+        for name in (*configs, "torch.compile"):
+            cells = [" / ".join(f"{t:.2f}" for t in times[(name, m)]) if (name, m) in times
+                     else "-" for m in MODES]
+            print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+
+
+def prefill():
+    want = {("bshd", 4, 4096, "fp16"), ("bshd", 4, 4096, "bf16"), ("bshd", 4, 4096, "fp32"),
+            ("bshd", 8, 4096, "bf16"), ("bshd", 1, 32768, "bf16"), ("bshd", 1, 32768, "fp32"),
+            ("sbhd", 4, 4096, "bf16"), ("sbhd", 1, 32768, "fp32")}
+    cases = [c for c in get_suite("prefill")
+             if (c.layout, c.batch, c.seqlen, c.dtype) in want]
+    run_cases(cases, lambda c: FP32 if c.dtype == "fp32" else SIXTEEN_BIT)
+
+
+def peers():
+    cases = [c for c in get_suite("peers") if c.seqlen > 1 and c.dtype != "fp32"
+             and c.style == "rotate_half" and c.batch * c.seqlen * c.heads >= 4 * 4096 * 32]
+    run_cases(cases, lambda c: PEERS)
+
+
+PROBES = {"prefill": prefill, "peers": peers}
+
+if __name__ == "__main__":
+    run_named(PROBES, sys.argv[1:])
