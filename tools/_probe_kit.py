@@ -6,6 +6,7 @@ Not a tool itself; the tools import it (run them from the repository root with `
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 import torch
 
@@ -14,7 +15,7 @@ from ports.fastrope import kernel, launcher, plan, problem
 from ports.harness.timing import graph_median_us, median_us
 
 __all__ = ["best", "checked_launch", "decode_inputs", "launch_of", "make", "min_of_interleaved",
-           "run_named"]
+           "run_named", "stream_graph_us"]
 
 
 def make(layout, shape, dtype):
@@ -87,6 +88,25 @@ def best(fn, reps=3, graph=False):
     """The minimum of ``reps`` medians (CUDA-graph replays with ``graph``, else events), us."""
     t = graph_median_us if graph else median_us
     return min(t(fn) for _ in range(reps))
+
+
+def stream_graph_us(fn, stream, calls: int, replays: int = 10) -> float:
+    """us per call of a CUDA graph of ``calls`` calls of ``fn`` captured on ``stream`` (an autograd
+    backward must be captured on the stream its forward ran on), the median of ``replays``
+    replays."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream):
+        for _ in range(calls):
+            fn()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        g.replay()
+        end.record(stream)
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)
 
 
 def min_of_interleaved(calls, reps=3, timer=median_us):

@@ -1,4 +1,4 @@
-"""Access width, heads per step and register cap of fastrope's main kernel past the L2. (Needs a GPU.)
+"""Access width, heads per step and register cap of fastrope's kernel past the L2. (Needs a GPU.)
 
 rope.cu launched directly, with the plan's grid for each configuration, from the half-width
 tables the registry gives fastrope, in three modes: out of place, out of place by -theta (the
@@ -23,7 +23,6 @@ passes (40 heads: 10 lanes in 2 full passes instead of 16 and a pass of 8), 8 B 
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import sys
 
 import torch
@@ -33,7 +32,7 @@ from ports._adapters import half_width_tables
 from ports.fastrope import apply_rope, kernel, launcher, plan, problem
 from ports.harness.suites import get_suite
 from reference.case import make_inputs
-from tools._probe_kit import run_named
+from tools._probe_kit import run_named, stream_graph_us
 
 CALLS, REPLAYS, PADS_MIB = 60, 10, (1, 23)
 MODES = ("out of place", "by -theta", "in place")
@@ -46,22 +45,6 @@ FP32 = {"16 B x 4 (design)": (None, None, None, False), "8 B x 4": (2, 4, None, 
 PEERS = {"16 B x 4": (8, 4, None, False), "8 B x 2 (design)": (None, None, None, False),
          "8 B x 2, even lanes": (None, None, None, True), "8 B x 4": (4, 4, None, False)}
 SOURCE = "ports/fastrope/rope.cu"
-
-
-def graph_us(fn, stream) -> float:
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=stream):
-        for _ in range(CALLS):
-            fn()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        g.replay()
-        end.record(stream)
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / CALLS)
-    return statistics.median(times)
 
 
 def launch(xs, outs, cos, sin, layout, config, backward, in_place):
@@ -131,13 +114,14 @@ def run_cases(cases, configs_of):
                 for key, fn in calls.items():
                     fn()
                     fn()
-                    times.setdefault(key, []).append(graph_us(fn, stream))
+                    times.setdefault(key, []).append(stream_graph_us(fn, stream, CALLS, REPLAYS))
                 del calls, inputs, xs, dys, outs, rotated, pad
             torch.cuda.synchronize()
         draws = " / ".join(f"{p} MiB" for p in PADS_MIB)
         print(f"\n### {case.describe()}: CUDA-graph us, allocation draws {draws}")
         print(f"copy: {' / '.join(f'{t:.2f}' for t in times['copy'])}")
-        print("| configuration | out of place | by -theta (backward) | in place |\n|---|---|---|---|")
+        print("| configuration | out of place | by -theta (backward) | in place |")
+        print("|---|---|---|---|")
         for name in (*configs, "torch.compile"):
             cells = [" / ".join(f"{t:.2f}" for t in times[(name, m)]) if (name, m) in times
                      else "-" for m in MODES]

@@ -18,7 +18,6 @@ redirected into the pool; a copy.
 """
 from __future__ import annotations
 
-import statistics
 import sys
 from unittest import mock
 
@@ -30,7 +29,7 @@ from ports.harness.suites import get_suite
 from ports.harness.timing import graph_median_us
 from ports.peers import flash_attn_rotary
 from reference.case import make_inputs
-from tools._probe_kit import checked_launch, make, run_named
+from tools._probe_kit import checked_launch, make, run_named, stream_graph_us
 
 NAMES = ("fastrope.rope", "torch.compile(hf_rotate_half)", "flash_attn.apply_rotary")
 CALLS, REPLAYS = 200, 10
@@ -39,24 +38,6 @@ CALLS, REPLAYS = 200, 10
 def _case():
     return next(c for c in get_suite("prefill")
                 if c.layout == "bshd" and c.batch == 4 and c.dtype == "bf16")
-
-
-def graph_us(fn, stream) -> float:
-    """us per call of a graph of CALLS calls of ``fn`` captured on ``stream`` (the stream the
-    autograd graph of a backward call was built on), the median of REPLAYS replays."""
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=stream):
-        for _ in range(CALLS):
-            fn()
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record(stream)
-        g.replay()
-        end.record(stream)
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / CALLS)
-    return statistics.median(times)
 
 
 def prepare():
@@ -78,7 +59,7 @@ def prepare():
                         fn = held.get(spec.name) or spec.prepare(c, inputs)
                         for _ in range(3):
                             fn()
-                        t = graph_us(fn, stream)
+                        t = stream_graph_us(fn, stream, CALLS, REPLAYS)
                         # do_bench_cudagraph captures on a stream of its own, where autograd
                         # cannot run a backward built on this one
                         t_bench = graph_median_us(fn) if direction == "forward" else None
