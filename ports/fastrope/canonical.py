@@ -154,7 +154,7 @@ def _ablations() -> list[ImplSpec]:
         _ablation("one_head_per_step", "one head per thread per step (no unrolled loads)",
                   dict(unroll=1)),
         _ablation("wide_steps_past_l2", "16-bit past the L2: 16-byte accesses and 4 heads per "
-                  "step (112 registers, 2 blocks per SM) instead of 8 and 2",
+                  "step (twice the registers, half the resident blocks) instead of 8 and 2",
                   dict(vector_cap=8, unroll=4)),
         _ablation("fixed_launch", "the prefill launch shape for every size (no head splits)",
                   dict(shape_rule="fixed")),

@@ -262,9 +262,9 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
                         32, step_rot, tail_chunks, lanes, 0, step=True)
     if (past_l2 and elem == 2 and v == 8 and flags & kernel.BOTH_HALVES and not computed
             and unroll is None and vector_cap is None and shape_rule == "auto"):
-        # 16-bit from tables past the L2: 8-byte accesses and 2 heads per step. 16 bytes x 4
-        # heads x both halves hold 112 registers (2 blocks of 256 per SM), 8 x 2 hold 56 (4
-        # blocks); the doubled warps are 1-3% faster forward, backward and in place (DESIGN.md).
+        # 16-bit from tables past the L2: 8-byte accesses and 2 heads per step, half the
+        # registers of 16 bytes x 4 heads x both halves, so twice the resident blocks (DESIGN.md,
+        # "Registers", has the measurements).
         v, unroll = 4, 2
         rot_chunks, tail_chunks = half // v, tail // v
         chunks = rot_chunks + tail_chunks
