@@ -15,7 +15,11 @@ from ports.fastrope import kernel, launcher, plan, problem
 from ports.harness.timing import graph_median_us, median_us
 
 __all__ = ["best", "checked_launch", "decode_inputs", "launch_of", "make", "min_of_interleaved",
-           "run_named", "stream_graph_us"]
+           "run_named", "stream_graph_us", "with_hints"]
+
+# rope.cu's streaming (evict-first) word accesses, and the plain ones a variant puts in their place
+STREAMING = {"loads": ("if constexpr (STREAM) return __ldcs(p); else return *p;", "return *p;"),
+             "stores": ("if constexpr (STREAM) __stcs(p, v); else *p = v;", "*p = v;")}
 
 
 def make(layout, shape, dtype):
@@ -116,6 +120,19 @@ def min_of_interleaved(calls, reps=3, timer=median_us):
         for k, f in calls.items():
             times[k].append(timer(f))
     return {k: min(v) for k, v in times.items()}
+
+
+def with_hints(source: str, hints: str) -> str:
+    """rope.cu's ``source`` with its data ``"loads/stores"`` past the L2 streaming (``cs``, the
+    design) or plain (``plain``): ``"cs/plain"`` keeps streaming loads and plain stores."""
+    for access, kind in zip(("loads", "stores"), hints.split("/"), strict=True):
+        streaming, plain = STREAMING[access]
+        if streaming not in source:
+            raise ValueError(f"rope.cu's streaming {access} changed: update STREAMING")
+        if kind not in ("cs", "plain"):
+            raise ValueError(f"hints are cs or plain for loads and for stores, got {hints!r}")
+        source = source.replace(streaming, plain) if kind == "plain" else source
+    return source
 
 
 def run_named(probes: dict, names: list[str]) -> None:

@@ -18,12 +18,23 @@ registers and resident blocks of 256 threads): 16-bit 16 B x 4 (112, 2), 8 B x 4
 in one launch): 16 B x 4, the design, the design with its head lanes spread evenly over the
 passes (40 heads: 10 lanes in 2 full passes instead of 16 and a pass of 8), 8 B x 4.
 
-    python -m tools.access_width_probe [prefill] [peers]
+``hints``: the 16-bit cases of both, fp32 4x4096 and 1x32768x8, and the peers' fp32 case: the
+design against its data loads or stores (or both) plain instead of streaming (evict-first);
+16-bit also against 8 head lanes with 2 tokens per block (instead of 16 lanes and 1 token) and
+4 heads per step, fp32 against 2 (streaming and plain) and 8 B x 2.
+
+``shapes``: the 16-bit cases of ``hints`` but the peers' 1x32768x32 and 8x4096x64: the design
+against a thread per chunk of one half loading its partners (as torch.compile's kernel does; 16
+B x 1 head at 6 blocks per SM, 8 B x 1, 16 B x 2), a thread per chunk of both halves with 1
+head per step (16 B and 8 B), and 8 B x 4.
+
+    python -m tools.access_width_probe [prefill] [peers] [hints] [shapes]
 """
 from __future__ import annotations
 
 import dataclasses
 import sys
+from typing import NamedTuple
 
 import torch
 
@@ -32,24 +43,52 @@ from ports._adapters import half_width_tables
 from ports.fastrope import apply_rope, kernel, launcher, plan, problem
 from ports.harness.suites import get_suite
 from reference.case import make_inputs
-from tools._probe_kit import run_named, stream_graph_us
+from tools._probe_kit import run_named, stream_graph_us, with_hints
 
 CALLS, REPLAYS, PADS_MIB = 60, 10, (1, 23)
 MODES = ("out of place", "by -theta", "in place")
-# name: (vector cap in elements of 2 bytes or 4, heads per step, register cap, even lanes)
-SIXTEEN_BIT = {"16 B x 4": (8, 4, None, False), "8 B x 4": (4, 4, None, False),
-               "8 B x 4, cap 4": (4, 4, 4, False), "16 B x 2, cap 3": (8, 2, 3, False),
-               "8 B x 2 (design)": (None, None, None, False)}
-FP32 = {"16 B x 4 (design)": (None, None, None, False), "8 B x 4": (2, 4, None, False),
-        "16 B x 2, cap 4": (4, 2, 4, False), "8 B x 2": (2, 2, None, False)}
-PEERS = {"16 B x 4": (8, 4, None, False), "8 B x 2 (design)": (None, None, None, False),
-         "8 B x 2, even lanes": (None, None, None, True), "8 B x 4": (4, 4, None, False)}
+
+
+class Config(NamedTuple):
+    """One launch configuration; None keeps the plan's choice."""
+
+    vector_cap: int | None = None  # elements per access at most
+    unroll: int | None = None      # heads per step
+    cap: int | None = None         # __launch_bounds__ minimum blocks (rope.cu's register cap)
+    even_lanes: bool = False       # head lanes spread evenly over the passes
+    lanes: int | None = None       # head lanes per block (the rest of the 256 threads: tokens)
+    hints: str = "cs/cs"           # data loads / stores past the L2: streaming (cs) or plain
+    one_half: bool = False         # a thread per chunk of one half, loading its partners
+
+
+DESIGN = Config()
+SIXTEEN_BIT = {"16 B x 4": Config(8, 4), "8 B x 4": Config(4, 4),
+               "8 B x 4, cap 4": Config(4, 4, 4), "16 B x 2, cap 3": Config(8, 2, 3),
+               "8 B x 2 (design)": DESIGN}
+FP32 = {"16 B x 4 (design)": DESIGN, "8 B x 4": Config(2, 4),
+        "16 B x 2, cap 4": Config(4, 2, 4), "8 B x 2": Config(2, 2)}
+PEERS = {"16 B x 4": Config(8, 4), "8 B x 2 (design)": DESIGN,
+         "8 B x 2, even lanes": Config(even_lanes=True), "8 B x 4": Config(4, 4)}
+HINTS = {"design (cs/cs)": DESIGN, "loads cs, stores plain": Config(hints="cs/plain"),
+         "loads plain, stores cs": Config(hints="plain/cs"),
+         "plain": Config(hints="plain/plain"), "8 lanes x 2 tokens": Config(lanes=8),
+         "4 heads per step": Config(unroll=4)}
+# fp32's design takes 4 heads per step and 8 lanes (4 x 4-byte accesses per half) already
+HINTS_FP32 = {**{k: c for k, c in HINTS.items() if c.unroll is None and c.lanes is None},
+              "2 heads per step": Config(unroll=2),
+              "2 heads per step, plain": Config(unroll=2, hints="plain/plain"),
+              "8 B x 2": Config(2, 2)}
+SHAPES = {"design": DESIGN, "a thread per half, 16 B x 1": Config(unroll=1, one_half=True),
+          "a thread per half, 8 B x 1": Config(4, 1, one_half=True),
+          "a thread per half, 16 B x 2": Config(unroll=2, one_half=True),
+          "both halves, 16 B x 1": Config(unroll=1), "both halves, 8 B x 1": Config(4, 1),
+          "8 B x 4": Config(4, 4)}
 SOURCE = "ports/fastrope/rope.cu"
 
 
 def launch(xs, outs, cos, sin, layout, config, backward, in_place):
     """The zero-argument launch of one configuration on q (and k) ``xs`` into ``outs``."""
-    vector_cap, unroll, cap, even_lanes = config
+    vector_cap, unroll, cap, even_lanes, lanes, hints, one_half = config
     x = xs[0]
     b, s = (x.shape[1], x.shape[0]) if layout == "sbhd" else (x.shape[0], x.shape[1])
     d = x.shape[-1]
@@ -57,16 +96,22 @@ def launch(xs, outs, cos, sin, layout, config, backward, in_place):
            for a, o in zip(xs, outs)]
     p = plan.choose(operands=ops, batch=b, seqlen=s, head_dim=d, rotary_dim=d,
                     interleaved=False, tables=(cos, sin, True), computed=False,
-                    in_place=in_place, unroll=unroll, vector_cap=vector_cap)
+                    in_place=in_place, unroll=unroll, vector_cap=vector_cap,
+                    one_half_per_thread=one_half)
     if even_lanes:
         units = -(-sum(op.heads for op in ops) // p.unroll)
         passes = -(-units // p.block[1])
         p = dataclasses.replace(p, block=(p.block[0], -(-units // passes), p.block[2]))
+    if lanes:
+        tokens = min(plan.MAX_TOKENS_PER_BLOCK, plan.THREADS_PER_BLOCK // (p.block[0] * lanes))
+        rows = b * s if p.fold else s
+        p = dataclasses.replace(p, grid=(-(-rows // tokens), *p.grid[1:]),
+                                block=(p.block[0], lanes, tokens))
     lc = launcher.prepare(p, ops, seqlen=s, half=d // 2, half_table=True,
                           table_rows=cos.shape[0], table_stride=cos.stride(0), pos_mode=0,
                           pos_strides=(0, 0), pos_int32=False, nseq=0, backward=backward)
     options = (f"-DSTUDY_MIN_BLOCKS_CAP={cap}",) if cap else ()
-    source = open(SOURCE).read()
+    source = with_hints(open(SOURCE).read(), hints)
     fn = _cupy._load(x.get_device(), source, kernel.FILENAME, options, (p.kernel,))[p.kernel]
     lc = dataclasses.replace(lc, function=fn.ptr)
     k_in, k_out = (xs[1].data_ptr(), outs[1].data_ptr()) if len(xs) > 1 else (0, 0)
@@ -143,7 +188,26 @@ def peers():
     run_cases(cases, lambda c: PEERS)
 
 
-PROBES = {"prefill": prefill, "peers": peers}
+def hints():
+    want = {("bshd", 4, 4096, "fp16"), ("bshd", 4, 4096, "bf16"), ("bshd", 4, 4096, "fp32"),
+            ("bshd", 8, 4096, "bf16"), ("bshd", 1, 32768, "bf16"), ("bshd", 1, 32768, "fp32"),
+            ("sbhd", 4, 4096, "bf16")}
+    cases = [c for c in get_suite("prefill") if (c.layout, c.batch, c.seqlen, c.dtype) in want]
+    cases += [c for c in get_suite("peers") if c.seqlen > 1 and c.style == "rotate_half"
+              and c.batch * c.seqlen * c.heads >= 4 * 4096 * 32]
+    run_cases(cases, lambda c: HINTS_FP32 if c.dtype == "fp32" else HINTS)
+
+
+def shapes():
+    want = {("bshd", 4, 4096, "fp16"), ("bshd", 4, 4096, "bf16"), ("bshd", 8, 4096, "bf16"),
+            ("bshd", 1, 32768, "bf16"), ("sbhd", 4, 4096, "bf16")}
+    cases = [c for c in get_suite("prefill") if (c.layout, c.batch, c.seqlen, c.dtype) in want]
+    cases += [c for c in get_suite("peers") if c.seqlen > 1 and c.style == "rotate_half"
+              and c.dtype != "fp32" and c.batch * c.seqlen * c.heads == 4 * 4096 * 32]
+    run_cases(cases, lambda c: SHAPES)
+
+
+PROBES = {"prefill": prefill, "peers": peers, "hints": hints, "shapes": shapes}
 
 if __name__ == "__main__":
     run_named(PROBES, sys.argv[1:])

@@ -11,8 +11,8 @@ interleaved rounds. fastrope.rope, torch.compile and flash-attn (forward only: i
 backward).
 
 ``pool``: the output at gaps of 0-48 MiB after the input, in one allocation: fastrope's design
-(4 heads per step) and 2 heads per step, launched directly; flash-attn, its output allocation
-redirected into the pool; a copy.
+and its data stores or loads plain instead of streaming, launched directly; flash-attn, its
+output allocation redirected into the pool; a copy.
 
     python -m tools.allocation_probe [prepare] [pool]
 """
@@ -29,7 +29,7 @@ from ports.harness.suites import get_suite
 from ports.harness.timing import graph_median_us
 from ports.peers import flash_attn_rotary
 from reference.case import make_inputs
-from tools._probe_kit import checked_launch, make, run_named, stream_graph_us
+from tools._probe_kit import checked_launch, make, run_named, stream_graph_us, with_hints
 
 NAMES = ("fastrope.rope", "torch.compile(hf_rotate_half)", "flash_attn.apply_rotary")
 CALLS, REPLAYS = 200, 10
@@ -91,16 +91,18 @@ def pool():
     x.copy_(x0)
     ref = apply_rope(x, cos=cos, sin=sin, layout=layout)
     source = open("ports/fastrope/rope.cu").read()
+    variants = {h: with_hints(source, h) for h in ("cs/cs", "cs/plain", "plain/cs", "plain/plain")}
     flash = flash_attn_rotary()
     empty_like = torch.empty_like
     print(f"\n## bshd {'x'.join(map(str, shape))} bf16 out of place, output after the input in "
           "one allocation: do_bench_cudagraph us")
-    print("| gap MiB | fastrope (4 heads per step) | 2 heads per step | flash-attn | copy |")
-    print("|---|---|---|---|---|")
+    print("| gap MiB | fastrope (design: loads / stores cs / cs) | cs / plain | plain / cs | "
+          "plain / plain | flash-attn | copy |")
+    print("|---|---|---|---|---|---|---|")
     for gap in gaps:
         out = buffer[n + gap * mib:2 * n + gap * mib].view(shape)
-        four, _, ok4 = checked_launch(x, out, cos, sin, ref, layout, False, None, 1, None, source)
-        two, _, ok2 = checked_launch(x, out, cos, sin, ref, layout, False, 2, 1, None, source)
+        launches = [checked_launch(x, out, cos, sin, ref, layout, False, None, 1, None, text)
+                    for text in variants.values()]
         into_pool = lambda t, *a, **k: out if t.shape == x.shape else empty_like(t, *a, **k)
         with mock.patch.object(torch, "empty_like", into_pool):
             def flash_call():
@@ -108,8 +110,9 @@ def pool():
             out.fill_(float("nan"))
             flash_call()
             ok_flash = (out.float() - ref.float()).abs().max().item() < 0.1
-            times = [graph_median_us(c) for c in (four, two, flash_call, lambda: out.copy_(x))]
-        assert ok4 and ok2 and ok_flash, (gap, ok4, ok2, ok_flash)
+            calls = [fn for fn, _, _ in launches] + [flash_call, lambda: out.copy_(x)]
+            times = [graph_median_us(c) for c in calls]
+        assert all(ok for _, _, ok in launches) and ok_flash, gap
         print(f"| {gap} | " + " | ".join(f"{t:.2f}" for t in times) + " |", flush=True)
 
 
