@@ -679,9 +679,9 @@ def test_plan_heads_per_step_from_the_work(monkeypatch):
 
 def test_plan_16_bit_past_the_l2_takes_8_byte_accesses_and_2_heads_per_step(monkeypatch):
     """16-bit rotate-half from tables whose data outlives the L2 (out of place or in place):
-    V = 4 (8 bytes) and 2 heads per step, in 256-thread blocks of one token. fp32, computed
-    angles, interleaved, data that fits the L2 and the wide_steps_past_l2 ablation keep 16-byte
-    accesses."""
+    V = 4 (8 bytes) and 2 heads per step, in 256-thread blocks of one token; 4 heads per step
+    where 2 would leave more head slots idle (40 heads). fp32, computed angles, interleaved,
+    data that fits the L2 and the wide_steps_past_l2 ablation keep 16-byte accesses."""
     big = (4, 4096, 32, 128)  # 67 MB of bf16: past the L2 in place too
     for dtype in (torch.bfloat16, torch.float16):
         for in_place in (False, True):
@@ -689,6 +689,13 @@ def test_plan_16_bit_past_the_l2_takes_8_byte_accesses_and_2_heads_per_step(monk
             assert (p.vector, p.unroll, p.block) == (4, 2, (16, 16, 1)), (dtype, in_place)
             assert p.kernel == kernel.kernel_name(dtype, torch.float32, 4, False, False, 32, 2,
                                                   kernel.BOTH_HALVES)
+    # GQA: 40 heads in one pass of 10 lanes x 4 heads (2 heads: 16 lanes, then a pass of 4);
+    # 72 heads: 2 heads (3 passes of 16 lanes leave 24 slots idle, 2 passes of 4 heads 56)
+    for in_place in (False, True):
+        p = _plan(monkeypatch, big, k_heads=8, in_place=in_place)
+        assert (p.vector, p.unroll, p.block) == (4, 4, (16, 10, 1)), in_place
+    p = _plan(monkeypatch, (1, 4096, 64, 128), k_heads=8)
+    assert (p.vector, p.unroll, p.block) == (4, 2, (16, 16, 1))
     p = _plan(monkeypatch, big, rotary_dim=64)  # the tail chunks narrow with the rotary ones
     assert (p.vector, p.rot_chunks, p.tail_chunks) == (4, 8, 16)
     assert (_plan(monkeypatch, big, dtype=torch.float32).vector,
@@ -701,6 +708,27 @@ def test_plan_16_bit_past_the_l2_takes_8_byte_accesses_and_2_heads_per_step(monk
     assert (p.vector, p.unroll, p.step) == (8, 4, False)
     wide = _plan(monkeypatch, big, vector_cap=8, unroll=4)  # the ablation's Tuning
     assert (wide.vector, wide.unroll) == (8, 4)
+
+
+def test_idle_head_slots_count_the_passes_lanes():
+    """Head slots left idle by a block's passes: lanes (up to 256 threads of 16 chunks: 16) x
+    heads per step per pass."""
+    assert [plan.idle_head_slots(h, u, 16) for h, u in
+            ((32, 2), (32, 4), (40, 2), (40, 4), (72, 2), (72, 4), (8, 2), (3, 4))] == \
+        [0, 0, 24, 0, 24, 56, 0, 1]
+
+
+def test_plan_fp32_in_place_past_the_l2_takes_2_heads_per_step(monkeypatch):
+    """fp32 rotate-half in place from tables whose data outlives the L2: 16-byte accesses and 2
+    heads per step. Out of place, computed angles, interleaved, data that fits the L2 and the
+    wide_steps_past_l2 ablation keep 4 heads."""
+    big = (2, 4096, 32, 128)  # 67 MB of fp32
+    p = _plan(monkeypatch, big, dtype=torch.float32, in_place=True)
+    assert (p.vector, p.unroll, p.block) == (4, 2, (16, 16, 1))
+    for kw in (dict(in_place=False), dict(in_place=True, computed=True),
+               dict(in_place=True, interleaved=True), dict(in_place=True, l2=1 << 30),
+               dict(in_place=True, vector_cap=8, unroll=4)):
+        assert _plan(monkeypatch, big, dtype=torch.float32, **kw).unroll == 4, kw
 
 
 def test_launcher_packs_the_kernels_parameter_layouts():

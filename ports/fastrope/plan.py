@@ -8,7 +8,8 @@ Everything here is plain integer arithmetic on shapes, strides and addresses:
 * ``unroll`` (heads per thread per step) and head splits from the work size: a decode step
   needs many small blocks to cover the SMs, a prefill shape needs few threads with many
   independent loads each. 16-bit rotate-half from tables past the L2 takes 8-byte accesses
-  and 2 heads per step instead of 16 and 4: half the registers, twice the resident warps.
+  and 2 heads per step instead of 16 and 4 (half the registers, twice the resident warps), or
+  4 where 2 would leave more head slots idle; fp32 in place from tables past the L2, 2.
 * ``IDX``: 32-bit offsets when every offset fits, else 64-bit.
 * streaming (evict-first) loads and stores only when the data the call reads and writes is more
   than the L2 holds: a call that fits leaves its data there for the next reader.
@@ -110,6 +111,14 @@ def heads_per_step(work: int, resident: int, capped: bool) -> int:
     if work >= 2 * resident:
         return 1 if capped else 2
     return 1
+
+
+def idle_head_slots(heads: int, unroll: int, chunks: int) -> int:
+    """Head slots a block's passes leave idle when ``heads`` heads are walked ``unroll`` per step
+    by as many lanes (of ``chunks`` threads) as fit 256 threads: every pass covers lanes x unroll
+    heads."""
+    lanes = max(1, min(-(-heads // unroll), THREADS_PER_BLOCK // chunks))
+    return -(-heads // (lanes * unroll)) * lanes * unroll - heads
 
 
 def step_work_bound(elem_size: int, sbhd_batches: bool) -> int:
@@ -260,14 +269,22 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
                                            switches)
             return Plan(name, (seqlen, batch, head_blocks), (step_chunks, lanes, 1), 0, v, heads,
                         32, step_rot, tail_chunks, lanes, 0, step=True)
-    if (past_l2 and elem == 2 and v == 8 and flags & kernel.BOTH_HALVES and not computed
-            and unroll is None and vector_cap is None and shape_rule == "auto"):
+    past_l2_rule = (past_l2 and flags & kernel.BOTH_HALVES and not computed and unroll is None
+                    and vector_cap is None and shape_rule == "auto")
+    if past_l2_rule and elem == 2 and v == 8:
         # 16-bit from tables past the L2: 8-byte accesses and 2 heads per step, half the
-        # registers of 16 bytes x 4 heads x both halves, so twice the resident blocks (DESIGN.md,
-        # "Registers", has the measurements).
-        v, unroll = 4, 2
+        # registers of 16 bytes x 4 heads x both halves, so twice the resident blocks; 4 heads
+        # per step where that leaves fewer head slots of the block idle (40 heads: one pass of
+        # 10 lanes instead of 16 lanes and a second pass of 4). DESIGN.md ("Registers") has the
+        # measurements.
+        v = 4
         rot_chunks, tail_chunks = half // v, tail // v
         chunks = rot_chunks + tail_chunks
+        unroll = min((2, 4), key=lambda u: idle_head_slots(htot, u, chunks))
+    elif past_l2_rule and elem == 4 and in_place and not interleaved:
+        # fp32 in place from tables past the L2: 2 heads per step (70 registers, 3 blocks per SM,
+        # against 88 and 2 for 4 heads; DESIGN.md, "Registers").
+        unroll = 2
     if unroll is None:
         if shape_rule == "fixed":     # ablation: the prefill shape for every size
             unroll = 4
