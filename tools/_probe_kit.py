@@ -15,7 +15,7 @@ from ports.fastrope import kernel, launcher, plan, problem
 from ports.harness.timing import graph_median_us, median_us
 
 __all__ = ["best", "checked_launch", "decode_inputs", "launch_of", "make", "min_of_interleaved",
-           "run_named", "stream_graph_us", "with_hints"]
+           "run_named", "stream_graph_us", "traffic_only", "with_hints"]
 
 # rope.cu's streaming (evict-first) word accesses, and the plain ones a variant puts in their place
 STREAMING = {"loads": ("if constexpr (STREAM) return __ldcs(p); else return *p;", "return *p;"),
@@ -132,6 +132,28 @@ def with_hints(source: str, hints: str) -> str:
         if kind not in ("cs", "plain"):
             raise ValueError(f"hints are cs or plain for loads and for stores, got {hints!r}")
         source = source.replace(streaming, plain) if kind == "plain" else source
+    return source
+
+
+# rope.cu's rotations of a chunk (rotate_store), and what traffic_only puts in their place: no
+# math, the chunk stored as loaded, every element of the table chunk still loaded (their sum
+# never reaches -1e30, as |cos|, |sin| <= 1, but keeps every load live)
+NO_ROTATION = ("{{ float t = 0.f; for (int i = 0; i < {n}; ++i) t += {terms}; "
+               "if (t == -1e30f) x = y; }}")
+ROTATIONS = {
+    "rotate_split<T, V, LO>(ang, x, y);": NO_ROTATION.format(n="V", terms="ang.cA[i] + ang.sA[i]"),
+    "rotate<T, V, INTERLEAVED, LO>(ang, x, y);": NO_ROTATION.format(
+        n="Angles<V, INTERLEAVED>::N", terms="ang.cA[i] + ang.sA[i] + ang.cB[i] + ang.sB[i]"),
+}
+
+
+def traffic_only(source: str) -> str:
+    """rope.cu's ``source`` as a minimal kernel: the same launch, loads (data and table) and
+    stores, without the rotation, so that it copies its input (the memory traffic alone)."""
+    for rotation, replacement in ROTATIONS.items():
+        if source.count(rotation) != 1:
+            raise ValueError(f"rope.cu's rotation call {rotation!r} changed: update ROTATIONS")
+        source = source.replace(rotation, replacement)
     return source
 
 

@@ -28,7 +28,13 @@ against a thread per chunk of one half loading its partners (as torch.compile's 
 B x 1 head at 6 blocks per SM, 8 B x 1, 16 B x 2), a thread per chunk of both halves with 1
 head per step (16 B and 8 B), and 8 B x 4.
 
-    python -m tools.access_width_probe [prefill] [peers] [hints] [shapes]
+``traffic``: the prefill suite's cases past the L2 (fp32 8x4096x64 too): the design against its
+minimal kernel (the same launch, loads and stores, no rotation: it copies its input; fewer
+registers, so also held to the design's resident blocks by shared memory it does not use), and
+fp32 against 4 heads per step (the plan in place before 2 heads). Rows give each kernel's
+registers (of the last mode launched).
+
+    python -m tools.access_width_probe [prefill] [peers] [hints] [shapes] [traffic]
 """
 from __future__ import annotations
 
@@ -37,13 +43,14 @@ import sys
 from typing import NamedTuple
 
 import torch
+from cupy_backends.cuda.api import driver
 
 from ports import _cupy, registry
 from ports._adapters import half_width_tables
 from ports.fastrope import apply_rope, kernel, launcher, plan, problem
 from ports.harness.suites import get_suite
 from reference.case import make_inputs
-from tools._probe_kit import run_named, stream_graph_us, with_hints
+from tools._probe_kit import run_named, stream_graph_us, traffic_only, with_hints
 
 CALLS, REPLAYS, PADS_MIB = 60, 10, (1, 23)
 MODES = ("out of place", "by -theta", "in place")
@@ -59,6 +66,8 @@ class Config(NamedTuple):
     lanes: int | None = None       # head lanes per block (the rest of the 256 threads: tokens)
     hints: str = "cs/cs"           # data loads / stores past the L2: streaming (cs) or plain
     one_half: bool = False         # a thread per chunk of one half, loading its partners
+    traffic: bool = False          # the minimal kernel: no rotation (_probe_kit.traffic_only)
+    resident: int | None = None    # at most this many blocks per SM (idle shared memory)
 
 
 DESIGN = Config()
@@ -83,12 +92,18 @@ SHAPES = {"design": DESIGN, "a thread per half, 16 B x 1": Config(unroll=1, one_
           "a thread per half, 16 B x 2": Config(unroll=2, one_half=True),
           "both halves, 16 B x 1": Config(unroll=1), "both halves, 8 B x 1": Config(4, 1),
           "8 B x 4": Config(4, 4)}
+TRAFFIC = {"design": DESIGN, "traffic alone": Config(traffic=True),
+           "traffic alone, 4 blocks per SM (the design's)": Config(traffic=True, resident=4)}
+TRAFFIC_FP32 = {"design": DESIGN, "traffic alone": Config(traffic=True),
+                "traffic alone, 2 blocks per SM (the design's out of place)":
+                Config(traffic=True, resident=2), "4 heads per step": Config(unroll=4)}
+SHARED_PER_SM = 228 * 1024  # sm_90
 SOURCE = "ports/fastrope/rope.cu"
 
 
 def launch(xs, outs, cos, sin, layout, config, backward, in_place):
     """The zero-argument launch of one configuration on q (and k) ``xs`` into ``outs``."""
-    vector_cap, unroll, cap, even_lanes, lanes, hints, one_half = config
+    vector_cap, unroll, cap, even_lanes, lanes, hints, one_half, traffic, resident = config
     x = xs[0]
     b, s = (x.shape[1], x.shape[0]) if layout == "sbhd" else (x.shape[0], x.shape[1])
     d = x.shape[-1]
@@ -107,17 +122,27 @@ def launch(xs, outs, cos, sin, layout, config, backward, in_place):
         rows = b * s if p.fold else s
         p = dataclasses.replace(p, grid=(-(-rows // tokens), *p.grid[1:]),
                                 block=(p.block[0], lanes, tokens))
+    if resident:  # shared memory the kernel does not use, so that only `resident` blocks fit
+        p = dataclasses.replace(p, shared_mem=SHARED_PER_SM // resident - 1024 - 128)
     lc = launcher.prepare(p, ops, seqlen=s, half=d // 2, half_table=True,
                           table_rows=cos.shape[0], table_stride=cos.stride(0), pos_mode=0,
                           pos_strides=(0, 0), pos_int32=False, nseq=0, backward=backward)
     options = (f"-DSTUDY_MIN_BLOCKS_CAP={cap}",) if cap else ()
     source = with_hints(open(SOURCE).read(), hints)
+    source = traffic_only(source) if traffic else source
     fn = _cupy._load(x.get_device(), source, kernel.FILENAME, options, (p.kernel,))[p.kernel]
+    if p.shared_mem > 48 * 1024:
+        driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                p.shared_mem)
+        driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                                100)
     lc = dataclasses.replace(lc, function=fn.ptr)
     k_in, k_out = (xs[1].data_ptr(), outs[1].data_ptr()) if len(xs) > 1 else (0, 0)
     args = (x.data_ptr(), k_in, outs[0].data_ptr(), k_out, cos.data_ptr(), sin.data_ptr(),
             0, 0, 0, 0)
-    return lambda: launcher.launch(lc, *args)
+    call = lambda: launcher.launch(lc, *args)  # noqa: E731
+    call.registers = driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_NUM_REGS, fn.ptr)
+    return call
 
 
 def run_cases(cases, configs_of):
@@ -127,6 +152,7 @@ def run_cases(cases, configs_of):
         back = case.replace(direction="backward")
         configs = configs_of(case)
         times: dict = {}
+        registers: dict = {}
         for pad_mib in PADS_MIB:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -152,8 +178,10 @@ def run_cases(cases, configs_of):
                             for o in outs:
                                 o.fill_(float("nan"))
                             fn()
-                            assert all(torch.equal(o, r) for o, r in zip(outs, ref)), name
+                            want = xs if config.traffic else ref  # the minimal kernel copies
+                            assert all(torch.equal(o, r) for o, r in zip(outs, want)), name
                         calls[(name, mode)] = fn
+                        registers[name] = fn.registers
                 calls[("torch.compile", "out of place")] = compiled.prepare(case, inputs)
                 calls[("torch.compile", "by -theta")] = compiled.prepare(back, inputs)
                 for key, fn in calls.items():
@@ -170,7 +198,8 @@ def run_cases(cases, configs_of):
         for name in (*configs, "torch.compile"):
             cells = [" / ".join(f"{t:.2f}" for t in times[(name, m)]) if (name, m) in times
                      else "-" for m in MODES]
-            print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+            regs = f" ({registers[name]} registers)" if name in registers else ""
+            print(f"| {name}{regs} | " + " | ".join(cells) + " |", flush=True)
 
 
 def prefill():
@@ -207,7 +236,16 @@ def shapes():
     run_cases(cases, lambda c: SHAPES)
 
 
-PROBES = {"prefill": prefill, "peers": peers, "hints": hints, "shapes": shapes}
+def traffic():
+    want = {("bshd", 4, 4096, "fp16"), ("bshd", 4, 4096, "bf16"), ("bshd", 4, 4096, "fp32"),
+            ("bshd", 8, 4096, "bf16"), ("bshd", 8, 4096, "fp32"), ("bshd", 1, 32768, "bf16"),
+            ("bshd", 1, 32768, "fp32"), ("sbhd", 4, 4096, "bf16"), ("sbhd", 8, 4096, "fp32")}
+    cases = [c for c in get_suite("prefill") if (c.layout, c.batch, c.seqlen, c.dtype) in want]
+    run_cases(cases, lambda c: TRAFFIC_FP32 if c.dtype == "fp32" else TRAFFIC)
+
+
+PROBES = {"prefill": prefill, "peers": peers, "hints": hints, "shapes": shapes,
+          "traffic": traffic}
 
 if __name__ == "__main__":
     run_named(PROBES, sys.argv[1:])
