@@ -720,11 +720,18 @@ def test_idle_head_slots_count_the_passes_lanes():
 
 def test_plan_fp32_in_place_past_the_l2_takes_2_heads_per_step(monkeypatch):
     """fp32 rotate-half in place from tables whose data outlives the L2: 16-byte accesses and 2
-    heads per step. Out of place, computed angles, interleaved, data that fits the L2 and the
+    heads per step where every thread still takes one step (up to 32 heads: 16 lanes). More
+    heads, out of place, computed angles, interleaved, data that fits the L2 and the
     wide_steps_past_l2 ablation keep 4 heads."""
     big = (2, 4096, 32, 128)  # 67 MB of fp32
     p = _plan(monkeypatch, big, dtype=torch.float32, in_place=True)
     assert (p.vector, p.unroll, p.block) == (4, 2, (16, 16, 1))
+    p = _plan(monkeypatch, (1, 32768, 8, 128), dtype=torch.float32, in_place=True)
+    assert (p.vector, p.unroll, p.block) == (4, 2, (16, 4, 4))
+    for heads, k_heads in ((64, None), (32, 8)):
+        p = _plan(monkeypatch, (1, 4096, heads, 128), k_heads=k_heads, dtype=torch.float32,
+                  in_place=True)
+        assert p.unroll == 4, (heads, k_heads)
     for kw in (dict(in_place=False), dict(in_place=True, computed=True),
                dict(in_place=True, interleaved=True), dict(in_place=True, l2=1 << 30),
                dict(in_place=True, vector_cap=8, unroll=4)):

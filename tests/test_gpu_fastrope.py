@@ -612,14 +612,15 @@ def test_computed_angle_steps_fit_three_blocks_with_the_same_bits(dtype):
 
 
 @pytest.mark.parametrize("dtype,kv_heads,out_of_place,in_place", [
-    ("fp16", None, (4, 2), (4, 2)), ("bf16", 8, (4, 4), (4, 4)), ("fp32", 8, (4, 4), (4, 2))])
+    ("fp16", None, (4, 2), (4, 2)), ("bf16", 8, (4, 4), (4, 4)), ("fp32", None, (4, 4), (4, 2)),
+    ("fp32", 8, (4, 4), (4, 4))])
 def test_past_the_l2_plans_keep_the_bits(monkeypatch, dtype, kv_heads, out_of_place, in_place):
     """Rotate-half from tables whose data outlives the L2 (in place too; sized from this GPU's L2
     and SMs, past the step kernel's bound) takes plan.py's rules, (V, heads per step) per mode:
     16-bit 8-byte accesses and 2 heads (32 heads; its kernel fits 4 resident blocks of 256
     threads per SM, <= 64 registers) or 4 (40 heads, where 2 leaves head slots idle); fp32 16
-    bytes and 4 heads out of place, 2 in place (3 blocks, <= 85 registers); the backward runs out
-    of place. The outputs and gradients (asymmetric tables) are the bits of the
+    bytes and 4 heads out of place, and in place 2 (32 heads: one step per thread; 3 blocks,
+    <= 85 registers) or 4 (40 heads); the backward runs out of place. The outputs and gradients (asymmetric tables) are the bits of the
     wide_steps_past_l2 ablation (16 bytes, 4 heads per step)."""
     from cupy_backends.cuda.api import driver
 

@@ -9,7 +9,8 @@ Everything here is plain integer arithmetic on shapes, strides and addresses:
   needs many small blocks to cover the SMs, a prefill shape needs few threads with many
   independent loads each. 16-bit rotate-half from tables past the L2 takes 8-byte accesses
   and 2 heads per step instead of 16 and 4 (half the registers, twice the resident warps), or
-  4 where 2 would leave more head slots idle; fp32 in place from tables past the L2, 2.
+  4 where 2 would leave more head slots idle; fp32 in place from tables past the L2, 2 where
+  every thread still takes one step.
 * ``IDX``: 32-bit offsets when every offset fits, else 64-bit.
 * streaming (evict-first) loads and stores only when the data the call reads and writes is more
   than the L2 holds: a call that fits leaves its data there for the next reader.
@@ -281,9 +282,12 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
         rot_chunks, tail_chunks = half // v, tail // v
         chunks = rot_chunks + tail_chunks
         unroll = min((2, 4), key=lambda u: idle_head_slots(htot, u, chunks))
-    elif past_l2_rule and elem == 4 and in_place and not interleaved:
+    elif (past_l2_rule and elem == 4 and in_place and not interleaved
+          and -(-htot // 2) <= THREADS_PER_BLOCK // chunks):
         # fp32 in place from tables past the L2: 2 heads per step (70 registers, 3 blocks per SM,
-        # against 88 and 2 for 4 heads; DESIGN.md, "Registers").
+        # against 88 and 2 for 4 heads) where every thread still takes one step (up to 32 heads
+        # of 128): in place, a step's loads wait for the last step's stores to the same rows
+        # (DESIGN.md, "Registers").
         unroll = 2
     if unroll is None:
         if shape_rule == "fixed":     # ablation: the prefill shape for every size
