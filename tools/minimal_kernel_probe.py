@@ -1,0 +1,89 @@
+"""fastrope's rows against their minimal kernels, where a peer leads them. (Needs a GPU.)
+
+The minimal kernel is rope.cu with the rotation replaced by a copy (``_probe_kit.traffic_only``):
+the same plans (the step kernel or the main kernel), launches, loads (every table element) and
+stores, so it copies its input. A row that takes as long as its minimal kernel costs the memory
+traffic of its launch and nothing more.
+
+Cases: the peers suite's, where a peer led fastrope's row in its own mode (1x4096x32x128 with
+k, and the bf16 decode steps), and 4x4096 with k for scale. Rows, from the registry on the
+suite's inputs: fastrope.rope and fastrope.rope_inplace (the design, then with every kernel
+loaded from the minimal source), Liger (in place, handed its rows) and flash-attn; CUDA-graph us,
+the minimum of 3 interleaved medians. The minimal rows' outputs are checked to equal the inputs.
+
+    python -m tools.minimal_kernel_probe
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ports import _cupy, registry
+from ports.fastrope import kernel, run
+from ports.harness.suites import get_suite
+from ports.harness.timing import graph_median_us
+from reference.case import make_inputs
+from tools._probe_kit import min_of_interleaved, traffic_only
+
+FASTROPE = ("fastrope.rope", "fastrope.rope_inplace")
+PEERS = ("liger.rope", "flash_attn.apply_rotary", "flash_attn.apply_rotary_inplace")
+
+
+@functools.cache
+def _minimal_function_ptr(device_index: int, name: str) -> int:
+    source = traffic_only(kernel.MODULE.source)
+    return _cupy._load(device_index, source, kernel.FILENAME, kernel.OPTIONS, (name,))[name].ptr
+
+
+def _rows(case, inputs, names):
+    calls = {}
+    for name in names:
+        spec = registry.get(name)
+        missing = getattr(spec, "missing", None)  # peers: None when installed
+        if spec.unsupported_reason(case) is None and not (missing and missing()):
+            calls[name] = spec.prepare(case, inputs)
+    return calls
+
+
+def _minimal_rows(case, inputs):
+    """fastrope's rows with every kernel from the minimal source (the launch caches emptied
+    before and after, so that neither source's launches serve the other)."""
+    design = kernel.function_ptr
+    run._ENTRIES.clear()
+    kernel.function_ptr = _minimal_function_ptr
+    try:
+        calls = _rows(case, inputs, FASTROPE)
+        for name, fn in calls.items():
+            outs = fn()
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            xs = inputs.xs[:len(outs)]
+            assert all(torch.equal(o, x) for o, x in zip(outs, xs)), f"{name}: not a copy"
+        times = min_of_interleaved(calls, timer=graph_median_us)
+    finally:
+        kernel.function_ptr = design
+        run._ENTRIES.clear()
+    return times
+
+
+def main():
+    want = {(1, 4096), (4, 4096), (1, 1), (64, 1), (256, 1)}
+    cases = [c for c in get_suite("peers") if (c.batch, c.seqlen) in want
+             and c.style == "rotate_half" and c.dtype == "bf16"]
+    minimal_names = [f"{n} (minimal)" for n in FASTROPE]
+    print("| case | " + " | ".join((*FASTROPE, *minimal_names, *PEERS)) + " |")
+    print("|---|" + "---|" * (2 * len(FASTROPE) + len(PEERS)))
+    for case in cases:
+        inputs = make_inputs(case, 0, torch.device("cuda"))
+        times = min_of_interleaved(_rows(case, inputs, FASTROPE + PEERS), timer=graph_median_us)
+        minimal = _minimal_rows(case, inputs)
+        cells = [times.get(n) for n in FASTROPE] + [minimal.get(n) for n in FASTROPE] \
+            + [times.get(n) for n in PEERS]
+        print(f"| {case.describe()} | " + " | ".join("-" if t is None else f"{t:.2f}"
+                                                   for t in cells) + " |", flush=True)
+        del inputs
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
