@@ -276,8 +276,8 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
         # 16-bit from tables past the L2: 8-byte accesses and 2 heads per step, half the
         # registers of 16 bytes x 4 heads x both halves, so twice the resident blocks; 4 heads
         # per step where that leaves fewer head slots of the block idle (40 heads: one pass of
-        # 10 lanes instead of 16 lanes and a second pass of 4). DESIGN.md ("Registers") has the
-        # measurements.
+        # 10 lanes instead of 16 lanes and a second pass of 8 heads on 4 of them). DESIGN.md
+        # ("Registers") has the measurements.
         v = 4
         rot_chunks, tail_chunks = half // v, tail // v
         chunks = rot_chunks + tail_chunks
