@@ -34,7 +34,13 @@ registers, so also held to the design's resident blocks by shared memory it does
 fp32 against 4 heads per step (the plan in place before 2 heads). Rows give each kernel's
 registers (of the last mode launched).
 
-    python -m tools.access_width_probe [prefill] [peers] [hints] [shapes] [traffic]
+``flat``: the q-only 16-bit cases of ``shapes``: the design against torch.compile's kernel shape
+written in CUDA (FLAT_SOURCE: a flat grid of 16-byte chunks, each thread loading its partner and
+its full-width cos/sin chunk in x's dtype), out of place and by -theta, 128 or 256 threads per
+block, streaming or plain accesses; checked against fastrope within 2% (its tables are rounded
+to x's dtype).
+
+    python -m tools.access_width_probe [prefill] [peers] [hints] [shapes] [traffic] [flat]
 """
 from __future__ import annotations
 
@@ -68,6 +74,7 @@ class Config(NamedTuple):
     one_half: bool = False         # a thread per chunk of one half, loading its partners
     traffic: bool = False          # the minimal kernel: no rotation (_probe_kit.traffic_only)
     resident: int | None = None    # at most this many blocks per SM (idle shared memory)
+    flat: int = 0                  # threads per block of FLAT_SOURCE's kernel instead (0: rope.cu)
 
 
 DESIGN = Config()
@@ -98,6 +105,41 @@ TRAFFIC_FP32 = {"design": DESIGN, "traffic alone": Config(traffic=True),
                 "traffic alone, 2 blocks per SM (the design's out of place)":
                 Config(traffic=True, resident=2), "4 heads per step": Config(unroll=4)}
 SHARED_PER_SM = 228 * 1024  # sm_90
+FLAT = {"design": DESIGN, "flat, 128 threads": Config(flat=128, hints="plain/plain"),
+        "flat, 256 threads": Config(flat=256, hints="plain/plain"),
+        "flat, 128 threads, streaming": Config(flat=128)}
+
+# torch.compile's kernel shape (tools/inductor_shape_probe.py): a flat grid over the 16-byte
+# chunks of q in memory order, each thread loading its chunk, its rotate-half partner and its
+# full-width cos/sin chunk (in x's dtype), no loop; BWD rotates by -theta (symmetric tables).
+# Out of place only: in place, a partner could be read after its owner stored it.
+FLAT_SOURCE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+template <typename T, bool BWD, bool STREAM>
+__global__ void flat_rope(const T* __restrict__ x, T* __restrict__ out, const T* __restrict__ cos,
+                          const T* __restrict__ sin, long long n_chunks, int S, int B, int H,
+                          int D, int sbhd) {
+  const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= n_chunks) return;
+  const long long e = t * 8, token = e / D / H;
+  const int d = (int)(e % D), half = D / 2;
+  const long long s = sbhd ? token / B : token % S;
+  const long long pe = d < half ? e + half : e - half;
+  uint4 xv, pv;
+  if (STREAM) { xv = __ldcs((const uint4*)(x + e)); pv = __ldcs((const uint4*)(x + pe)); }
+  else { xv = *(const uint4*)(x + e); pv = *(const uint4*)(x + pe); }
+  const uint4 cv = *(const uint4*)(cos + s * D + d), sv = *(const uint4*)(sin + s * D + d);
+  const T *xe = (const T*)&xv, *xp = (const T*)&pv, *ce = (const T*)&cv, *se = (const T*)&sv;
+  uint4 o;
+  T* oe = (T*)&o;
+  const float sign = (d < half) != BWD ? -1.f : 1.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    oe[i] = T(fmaf(float(xe[i]), float(ce[i]), sign * float(xp[i]) * float(se[i])));
+  if (STREAM) __stcs((uint4*)(out + e), o); else *(uint4*)(out + e) = o;
+}
+"""
 SOURCE = "ports/fastrope/rope.cu"
 
 
@@ -145,6 +187,34 @@ def launch(xs, outs, cos, sin, layout, config, backward, in_place):
     return call
 
 
+def launch_flat(x, out, cos, sin, layout, config, backward):
+    """The zero-argument launch of FLAT_SOURCE's kernel on q ``x`` (16-bit) into ``out``, from
+    full-width tables in x's dtype made from the half-width ``cos``/``sin``."""
+    import cupy as cp
+
+    b, s = (x.shape[1], x.shape[0]) if layout == "sbhd" else (x.shape[0], x.shape[1])
+    h, d = x.shape[2], x.shape[3]
+    cos_full = torch.cat([cos, cos], -1).to(x.dtype).contiguous()
+    sin_full = torch.cat([sin, sin], -1).to(x.dtype).contiguous()
+    t = "__half" if x.dtype == torch.float16 else "__nv_bfloat16"
+    stream = "true" if config.hints == "cs/cs" else "false"
+    name = f"flat_rope<{t}, {'true' if backward else 'false'}, {stream}>"
+    fn = cp.RawModule(code=FLAT_SOURCE, options=("-std=c++17",),
+                      name_expressions=[name]).get_function(name)
+    n = x.numel() // 8
+    grid = -(-n // config.flat)
+
+    def call():
+        with cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+            fn((grid,), (config.flat,), (x.data_ptr(), out.data_ptr(), cos_full.data_ptr(),
+                                         sin_full.data_ptr(), cp.int64(n), cp.int32(s),
+                                         cp.int32(b), cp.int32(h), cp.int32(d),
+                                         cp.int32(layout == "sbhd")))
+
+    call.registers = driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_NUM_REGS, fn.ptr)
+    return call
+
+
 def run_cases(cases, configs_of):
     stream = torch.cuda.Stream()
     compiled = registry.get("torch.compile(hf_rotate_half)")
@@ -167,11 +237,28 @@ def run_cases(cases, configs_of):
                 rotated = [t.clone() for t in xs]
                 ref = apply_rope(*xs, cos=cos, sin=sin, layout=case.layout)
                 ref = ref if isinstance(ref, tuple) else (ref,)
+                if any(c.flat for c in configs.values()):  # dy by -theta, through autograd
+                    leaves = [t.detach().requires_grad_(True) for t in xs]
+                    ys = apply_rope(*leaves, cos=cos, sin=sin, layout=case.layout)
+                    ref_back = torch.autograd.grad(ys, leaves, dys)
                 calls = {"copy": lambda: [o.copy_(t) for o, t in zip(outs, dys)]}
                 for name, config in configs.items():
                     for mode in MODES:
                         src, dst = ((rotated, rotated) if mode == "in place"
                                     else (xs if mode == "out of place" else dys, outs))
+                        if config.flat:
+                            if mode == "in place" or len(xs) > 1:
+                                continue
+                            fn = launch_flat(src[0], dst[0], cos, sin, case.layout, config,
+                                             mode == "by -theta")
+                            outs[0].fill_(float("nan"))
+                            fn()
+                            want = ref[0] if mode == "out of place" else ref_back[0]
+                            assert torch.allclose(outs[0].float(), want.float(), rtol=2e-2,
+                                                  atol=2e-2), (name, mode)
+                            calls[(name, mode)] = fn
+                            registers[name] = fn.registers
+                            continue
                         fn = launch(src, dst, cos, sin, case.layout, config,
                                     mode == "by -theta", mode == "in place")
                         if mode == "out of place":
@@ -244,8 +331,15 @@ def traffic():
     run_cases(cases, lambda c: TRAFFIC_FP32 if c.dtype == "fp32" else TRAFFIC)
 
 
+def flat():
+    want = {("bshd", 4, 4096, "fp16"), ("bshd", 4, 4096, "bf16"), ("bshd", 8, 4096, "bf16"),
+            ("bshd", 1, 32768, "bf16"), ("sbhd", 4, 4096, "bf16")}
+    cases = [c for c in get_suite("prefill") if (c.layout, c.batch, c.seqlen, c.dtype) in want]
+    run_cases(cases, lambda c: FLAT)
+
+
 PROBES = {"prefill": prefill, "peers": peers, "hints": hints, "shapes": shapes,
-          "traffic": traffic}
+          "traffic": traffic, "flat": flat}
 
 if __name__ == "__main__":
     run_named(PROBES, sys.argv[1:])
