@@ -145,7 +145,7 @@ SOURCE = "ports/fastrope/rope.cu"
 
 def launch(xs, outs, cos, sin, layout, config, backward, in_place):
     """The zero-argument launch of one configuration on q (and k) ``xs`` into ``outs``."""
-    vector_cap, unroll, cap, even_lanes, lanes, hints, one_half, traffic, resident = config
+    vector_cap, unroll, cap, even_lanes, lanes, hints, one_half, traffic, resident, _ = config
     x = xs[0]
     b, s = (x.shape[1], x.shape[0]) if layout == "sbhd" else (x.shape[0], x.shape[1])
     d = x.shape[-1]
