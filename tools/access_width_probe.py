@@ -211,7 +211,7 @@ def launch_flat(x, out, cos, sin, layout, config, backward):
                                          cp.int32(b), cp.int32(h), cp.int32(d),
                                          cp.int32(layout == "sbhd")))
 
-    call.registers = driver.funcGetAttribute(driver.CU_FUNC_ATTRIBUTE_NUM_REGS, fn.ptr)
+    call.registers = fn.num_regs  # a cupy RawKernel
     return call
 
 
