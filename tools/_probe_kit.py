@@ -14,8 +14,44 @@ from ports import _cupy
 from ports.fastrope import kernel, launcher, plan, problem
 from ports.harness.timing import graph_median_us, median_us
 
-__all__ = ["best", "checked_launch", "decode_inputs", "launch_of", "make", "min_of_interleaved",
-           "run_named", "stream_graph_us", "traffic_only", "with_hints"]
+__all__ = ["FLAT_SOURCE", "best", "checked_launch", "decode_inputs", "launch_of", "make",
+           "min_of_interleaved", "run_named", "stream_graph_us", "traffic_only", "with_hints"]
+
+# torch.compile's kernel shape written in CUDA: a flat grid over the 16-byte chunks of x (bshd or
+# sbhd, rotate-half, 16-bit) in memory order, each thread loading its chunk, its partner in the
+# other half and its full-width cos/sin chunk (in x's dtype), no loop; PER chunks per thread (the
+# grid covers n_chunks / PER threads); BWD rotates by -theta (symmetric tables). Out of place only:
+# in place, a partner could be read after its owner stored it.
+FLAT_SOURCE = r"""
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+template <typename T, bool BWD, bool STREAM, int PER>
+__global__ void flat_rope(const T* __restrict__ x, T* __restrict__ out, const T* __restrict__ cos,
+                          const T* __restrict__ sin, long long n_chunks, int S, int B, int H,
+                          int D, int sbhd) {
+#pragma unroll
+  for (int k = 0; k < PER; ++k) {
+    const long long t = ((long long)blockIdx.x * PER + k) * blockDim.x + threadIdx.x;
+    if (t >= n_chunks) return;
+    const long long e = t * 8, token = e / D / H;
+    const int d = (int)(e % D), half = D / 2;
+    const long long s = sbhd ? token / B : token % S;
+    const long long pe = d < half ? e + half : e - half;
+    uint4 xv, pv;
+    if (STREAM) { xv = __ldcs((const uint4*)(x + e)); pv = __ldcs((const uint4*)(x + pe)); }
+    else { xv = *(const uint4*)(x + e); pv = *(const uint4*)(x + pe); }
+    const uint4 cv = *(const uint4*)(cos + s * D + d), sv = *(const uint4*)(sin + s * D + d);
+    const T *xe = (const T*)&xv, *xp = (const T*)&pv, *ce = (const T*)&cv, *se = (const T*)&sv;
+    uint4 o;
+    T* oe = (T*)&o;
+    const float sign = (d < half) != BWD ? -1.f : 1.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      oe[i] = T(fmaf(float(xe[i]), float(ce[i]), sign * float(xp[i]) * float(se[i])));
+    if (STREAM) __stcs((uint4*)(out + e), o); else *(uint4*)(out + e) = o;
+  }
+}
+"""
 
 # rope.cu's streaming (evict-first) word accesses, and the plain ones a variant puts in their place
 STREAMING = {"loads": ("if constexpr (STREAM) return __ldcs(p); else return *p;", "return *p;"),

@@ -35,10 +35,10 @@ fp32 against 4 heads per step (the plan in place before 2 heads). Rows give each
 registers (of the last mode launched).
 
 ``flat``: the q-only 16-bit cases of ``shapes``: the design against torch.compile's kernel shape
-written in CUDA (FLAT_SOURCE: a flat grid of 16-byte chunks, each thread loading its partner and
-its full-width cos/sin chunk in x's dtype), out of place and by -theta, 128 or 256 threads per
-block, streaming or plain accesses; checked against fastrope within 2% (its tables are rounded
-to x's dtype).
+written in CUDA (``_probe_kit.FLAT_SOURCE``: a flat grid of 16-byte chunks, each thread loading
+its partner and its full-width cos/sin chunk in x's dtype), out of place and by -theta, 128 or
+256 threads per block, streaming or plain accesses; checked against fastrope within 2% (its
+tables are rounded to x's dtype).
 
     python -m tools.access_width_probe [prefill] [peers] [hints] [shapes] [traffic] [flat]
 """
@@ -56,7 +56,7 @@ from ports._adapters import half_width_tables
 from ports.fastrope import apply_rope, kernel, launcher, plan, problem
 from ports.harness.suites import get_suite
 from reference.case import make_inputs
-from tools._probe_kit import run_named, stream_graph_us, traffic_only, with_hints
+from tools._probe_kit import FLAT_SOURCE, run_named, stream_graph_us, traffic_only, with_hints
 
 CALLS, REPLAYS, PADS_MIB = 60, 10, (1, 23)
 MODES = ("out of place", "by -theta", "in place")
@@ -74,7 +74,7 @@ class Config(NamedTuple):
     one_half: bool = False         # a thread per chunk of one half, loading its partners
     traffic: bool = False          # the minimal kernel: no rotation (_probe_kit.traffic_only)
     resident: int | None = None    # at most this many blocks per SM (idle shared memory)
-    flat: int = 0                  # threads per block of FLAT_SOURCE's kernel instead (0: rope.cu)
+    flat: int = 0                  # threads per block of the flat kernel instead (0: rope.cu)
 
 
 DESIGN = Config()
@@ -109,37 +109,6 @@ FLAT = {"design": DESIGN, "flat, 128 threads": Config(flat=128, hints="plain/pla
         "flat, 256 threads": Config(flat=256, hints="plain/plain"),
         "flat, 128 threads, streaming": Config(flat=128)}
 
-# torch.compile's kernel shape (tools/inductor_shape_probe.py): a flat grid over the 16-byte
-# chunks of q in memory order, each thread loading its chunk, its rotate-half partner and its
-# full-width cos/sin chunk (in x's dtype), no loop; BWD rotates by -theta (symmetric tables).
-# Out of place only: in place, a partner could be read after its owner stored it.
-FLAT_SOURCE = r"""
-#include <cuda_fp16.h>
-#include <cuda_bf16.h>
-template <typename T, bool BWD, bool STREAM>
-__global__ void flat_rope(const T* __restrict__ x, T* __restrict__ out, const T* __restrict__ cos,
-                          const T* __restrict__ sin, long long n_chunks, int S, int B, int H,
-                          int D, int sbhd) {
-  const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (t >= n_chunks) return;
-  const long long e = t * 8, token = e / D / H;
-  const int d = (int)(e % D), half = D / 2;
-  const long long s = sbhd ? token / B : token % S;
-  const long long pe = d < half ? e + half : e - half;
-  uint4 xv, pv;
-  if (STREAM) { xv = __ldcs((const uint4*)(x + e)); pv = __ldcs((const uint4*)(x + pe)); }
-  else { xv = *(const uint4*)(x + e); pv = *(const uint4*)(x + pe); }
-  const uint4 cv = *(const uint4*)(cos + s * D + d), sv = *(const uint4*)(sin + s * D + d);
-  const T *xe = (const T*)&xv, *xp = (const T*)&pv, *ce = (const T*)&cv, *se = (const T*)&sv;
-  uint4 o;
-  T* oe = (T*)&o;
-  const float sign = (d < half) != BWD ? -1.f : 1.f;
-#pragma unroll
-  for (int i = 0; i < 8; ++i)
-    oe[i] = T(fmaf(float(xe[i]), float(ce[i]), sign * float(xp[i]) * float(se[i])));
-  if (STREAM) __stcs((uint4*)(out + e), o); else *(uint4*)(out + e) = o;
-}
-"""
 SOURCE = "ports/fastrope/rope.cu"
 
 
@@ -188,7 +157,8 @@ def launch(xs, outs, cos, sin, layout, config, backward, in_place):
 
 
 def launch_flat(x, out, cos, sin, layout, config, backward):
-    """The zero-argument launch of FLAT_SOURCE's kernel on q ``x`` (16-bit) into ``out``, from
+    """The zero-argument launch of the flat kernel (_probe_kit.FLAT_SOURCE) on q ``x`` (16-bit)
+    into ``out``, from
     full-width tables in x's dtype made from the half-width ``cos``/``sin``."""
     import cupy as cp
 
@@ -198,7 +168,7 @@ def launch_flat(x, out, cos, sin, layout, config, backward):
     sin_full = torch.cat([sin, sin], -1).to(x.dtype).contiguous()
     t = "__half" if x.dtype == torch.float16 else "__nv_bfloat16"
     stream = "true" if config.hints == "cs/cs" else "false"
-    name = f"flat_rope<{t}, {'true' if backward else 'false'}, {stream}>"
+    name = f"flat_rope<{t}, {'true' if backward else 'false'}, {stream}, 1>"
     fn = cp.RawModule(code=FLAT_SOURCE, options=("-std=c++17",),
                       name_expressions=[name]).get_function(name)
     n = x.numel() // 8
