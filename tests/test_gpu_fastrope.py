@@ -620,8 +620,9 @@ def test_past_the_l2_plans_keep_the_bits(monkeypatch, dtype, kv_heads, out_of_pl
     16-bit 8-byte accesses and 2 heads (32 heads; its kernel fits 4 resident blocks of 256
     threads per SM, <= 64 registers) or 4 (40 heads, where 2 leaves head slots idle); fp32 16
     bytes and 4 heads out of place, and in place 2 (32 heads: one step per thread; 3 blocks,
-    <= 85 registers) or 4 (40 heads); the backward runs out of place. The outputs and gradients (asymmetric tables) are the bits of the
-    wide_steps_past_l2 ablation (16 bytes, 4 heads per step)."""
+    <= 85 registers) or 4 (40 heads); the backward runs out of place. The outputs and gradients
+    (asymmetric tables) are the bits of the wide_steps_past_l2 ablation (16 bytes, 4 heads per
+    step)."""
     from cupy_backends.cuda.api import driver
 
     chosen = []

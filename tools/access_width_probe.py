@@ -114,7 +114,6 @@ SOURCE = "ports/fastrope/rope.cu"
 
 def launch(xs, outs, cos, sin, layout, config, backward, in_place):
     """The zero-argument launch of one configuration on q (and k) ``xs`` into ``outs``."""
-    vector_cap, unroll, cap, even_lanes, lanes, hints, one_half, traffic, resident, _ = config
     x = xs[0]
     b, s = (x.shape[1], x.shape[0]) if layout == "sbhd" else (x.shape[0], x.shape[1])
     d = x.shape[-1]
@@ -122,25 +121,26 @@ def launch(xs, outs, cos, sin, layout, config, backward, in_place):
            for a, o in zip(xs, outs)]
     p = plan.choose(operands=ops, batch=b, seqlen=s, head_dim=d, rotary_dim=d,
                     interleaved=False, tables=(cos, sin, True), computed=False,
-                    in_place=in_place, unroll=unroll, vector_cap=vector_cap,
-                    one_half_per_thread=one_half)
-    if even_lanes:
+                    in_place=in_place, unroll=config.unroll, vector_cap=config.vector_cap,
+                    one_half_per_thread=config.one_half)
+    if config.even_lanes:
         units = -(-sum(op.heads for op in ops) // p.unroll)
         passes = -(-units // p.block[1])
         p = dataclasses.replace(p, block=(p.block[0], -(-units // passes), p.block[2]))
-    if lanes:
-        tokens = min(plan.MAX_TOKENS_PER_BLOCK, plan.THREADS_PER_BLOCK // (p.block[0] * lanes))
+    if config.lanes:
+        tokens = min(plan.MAX_TOKENS_PER_BLOCK,
+                     plan.THREADS_PER_BLOCK // (p.block[0] * config.lanes))
         rows = b * s if p.fold else s
         p = dataclasses.replace(p, grid=(-(-rows // tokens), *p.grid[1:]),
-                                block=(p.block[0], lanes, tokens))
-    if resident:  # shared memory the kernel does not use, so that only `resident` blocks fit
-        p = dataclasses.replace(p, shared_mem=SHARED_PER_SM // resident - 1024 - 128)
+                                block=(p.block[0], config.lanes, tokens))
+    if config.resident:  # shared memory the kernel does not use: only `resident` blocks fit
+        p = dataclasses.replace(p, shared_mem=SHARED_PER_SM // config.resident - 1024 - 128)
     lc = launcher.prepare(p, ops, seqlen=s, half=d // 2, half_table=True,
                           table_rows=cos.shape[0], table_stride=cos.stride(0), pos_mode=0,
                           pos_strides=(0, 0), pos_int32=False, nseq=0, backward=backward)
-    options = (f"-DSTUDY_MIN_BLOCKS_CAP={cap}",) if cap else ()
-    source = with_hints(open(SOURCE).read(), hints)
-    source = traffic_only(source) if traffic else source
+    options = (f"-DSTUDY_MIN_BLOCKS_CAP={config.cap}",) if config.cap else ()
+    source = with_hints(open(SOURCE).read(), config.hints)
+    source = traffic_only(source) if config.traffic else source
     fn = _cupy._load(x.get_device(), source, kernel.FILENAME, options, (p.kernel,))[p.kernel]
     if p.shared_mem > 48 * 1024:
         driver.funcSetAttribute(fn.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -114,11 +114,16 @@ def heads_per_step(work: int, resident: int, capped: bool) -> int:
     return 1
 
 
+def head_lanes(heads: int, unroll: int, chunks: int) -> int:
+    """Head lanes of a block: as many as ``heads`` heads walked ``unroll`` per step need, up to
+    what fits 256 threads of ``chunks`` chunk threads per lane."""
+    return max(1, min(-(-heads // unroll), THREADS_PER_BLOCK // chunks))
+
+
 def idle_head_slots(heads: int, unroll: int, chunks: int) -> int:
     """Head slots a block's passes leave idle when ``heads`` heads are walked ``unroll`` per step
-    by as many lanes (of ``chunks`` threads) as fit 256 threads: every pass covers lanes x unroll
-    heads."""
-    lanes = max(1, min(-(-heads // unroll), THREADS_PER_BLOCK // chunks))
+    by its head lanes: every pass covers lanes x unroll heads."""
+    lanes = head_lanes(heads, unroll, chunks)
     return -(-heads // (lanes * unroll)) * lanes * unroll - heads
 
 
@@ -283,7 +288,7 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
         chunks = rot_chunks + tail_chunks
         unroll = min((2, 4), key=lambda u: idle_head_slots(htot, u, chunks))
     elif (past_l2_rule and elem == 4 and in_place and not interleaved
-          and -(-htot // 2) <= THREADS_PER_BLOCK // chunks):
+          and 2 * head_lanes(htot, 2, chunks) >= htot):
         # fp32 in place from tables past the L2: 2 heads per step (70 registers, 3 blocks per SM,
         # against 88 and 2 for 4 heads) where every thread still takes one step (up to 32 heads
         # of 128): in place, a step's loads wait for the last step's stores to the same rows
@@ -297,7 +302,7 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
     if chunks > THREADS_PER_BLOCK:
         raise ValueError(f"head_dim {head_dim} needs {chunks} threads per row, more than a block "
                          f"of {THREADS_PER_BLOCK}")
-    lanes = max(1, min(-(-htot // unroll), THREADS_PER_BLOCK // chunks))
+    lanes = head_lanes(htot, unroll, chunks)
     tokens_per_block = max(1, min(MAX_TOKENS_PER_BLOCK, THREADS_PER_BLOCK // (chunks * lanes),
                                   rows))
     if angle_bytes:
