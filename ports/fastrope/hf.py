@@ -221,7 +221,8 @@ def probe(row: Family, original: Callable) -> str | None:
         angle = torch.rand(b, s, width // 2, generator=gen, dtype=torch.float64) * 6
         built = "rotate_half" if row.table == "glm" else row.style  # the module's layout
         cos, sin = expand_half(angle.cos(), built), expand_half(angle.sin(), built)
-        want_cos, want_sin = expand_half(angle.cos(), row.style), expand_half(angle.sin(), row.style)
+        want_cos = expand_half(angle.cos(), row.style)
+        want_sin = expand_half(angle.sin(), row.style)
         try:
             got = original(q, k, cos, sin, unsqueeze_dim=1)
         except Exception as exc:  # noqa: BLE001 - any failure is a reason to refuse
@@ -261,7 +262,8 @@ def family_of(model_or_family) -> Family:
         return family(model_or_family)
     cls = model_or_family if isinstance(model_or_family, type) else type(model_or_family)
     parts = cls.__module__.split(".")
-    if len(parts) != 4 or ".".join(parts[:2]) != MODELS_PACKAGE or parts[3] != f"modeling_{parts[2]}":
+    if len(parts) != 4 or ".".join(parts[:2]) != MODELS_PACKAGE \
+            or parts[3] != f"modeling_{parts[2]}":
         raise NotImplementedError(
             f"{cls.__name__} (module {cls.__module__}) is not a transformers model class from "
             f"{MODELS_PACKAGE}.X.modeling_X; pass a family name, one of "

@@ -69,9 +69,7 @@ def config(name: str, sizes: Sizes = TINY):
                   pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if name != "gpt_neox":
         shared["num_key_value_heads"] = sizes.kv_heads
-    if name in ("gemma", "gemma2", "gemma3", "qwen3", "qwen3_moe", "qwen3_next", "glm4") \
-            or sizes.head_dim:
-        shared["head_dim"] = sizes.dim
+    shared["head_dim"] = sizes.dim  # Gemma's and GLM's defaults differ from hidden / heads
     extra = dict(_EXTRA.get(name, {}))
     if "num_experts" in extra or "num_local_experts" in extra:
         extra["moe_intermediate_size"] = sizes.intermediate // 2
