@@ -276,3 +276,14 @@ def test_kernels_import_needs_neither_sigstore_nor_tomlkit():
             "from ports.fastrope.hf_kernels import kernel_mapping; kernel_mapping()")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("name,served", [("llama", False), ("olmo2", True), ("cohere", True)])
+def test_float32_tables_with_bf16_q_only_where_the_family_casts(name, served, monkeypatch):
+    """Llama's function would return float32 (promotion): left to it. OLMo2's and Cohere's
+    return q's dtype: served, fastrope reading the float32 tables."""
+    monkeypatch.setattr(hf, "_on_kernel_device", lambda t: True)
+    q, k = torch.randn(1, 2, 3, 8, dtype=torch.bfloat16), torch.randn(1, 1, 3, 8,
+                                                                      dtype=torch.bfloat16)
+    cos = torch.randn(1, 3, 8)
+    assert hf.served(hf.FAMILIES[name], q, k, cos, cos.clone(), 1) is served

@@ -31,9 +31,9 @@ the row against the installed function before it patches (a float64 probe on CPU
 transformers release that changes a family's convention is refused, never served wrong.
 
 Fallback: a call fastrope does not serve (tensors not on a CUDA device, dtypes other than
-float32/float16/bfloat16 or mixed, cos/sin not in q's dtype, shapes other than the above, an
-``unsqueeze_dim`` other than 1 or 2) runs the family's original function, so a patched model runs
-anywhere the unpatched one does.
+float32/float16/bfloat16 or q and k apart, cos/sin not in q's dtype where the family's function
+would promote its outputs, shapes other than the above, an ``unsqueeze_dim`` other than 1 or 2)
+runs the family's original function, so a patched model runs anywhere the unpatched one does.
 
 transformers stays optional: nothing here imports it until :func:`patch` is called.
 """
@@ -62,13 +62,16 @@ class Family:
     style's own layout (fastrope reads them as they are), ``"glm"`` when they arrive as
     ``cat(f, f)`` and the function rotates interleaved pairs by ``f`` (fastrope reads the first
     half, one angle per pair). ``slices``: the function rotates ``q[..., :cos.shape[-1]]`` and
-    passes the rest through.
+    passes the rest through. ``casts``: the function returns q's dtype whatever cos's (OLMo2
+    takes float32 cos/sin with bf16 q, Cohere computes in float32); without it, cos/sin of
+    another dtype would promote the outputs, so such a call is left to the original.
     """
 
     name: str
     style: Literal["rotate_half", "interleaved"]
     table: Literal["natural", "glm"] = "natural"
     slices: bool = False
+    casts: bool = False
 
     @property
     def module(self) -> str:
@@ -82,9 +85,10 @@ def _families(*rows: Family) -> dict[str, Family]:
 FAMILIES: dict[str, Family] = _families(
     *(Family(name, "rotate_half") for name in (
         "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
-        "gemma2", "gemma3", "granite", "olmo2", "phi", "stablelm")),
+        "gemma2", "gemma3", "granite", "phi", "stablelm")),
+    Family("olmo2", "rotate_half", casts=True),
     *(Family(name, "rotate_half", slices=True) for name in ("phi3", "gpt_neox", "qwen3_next")),
-    Family("cohere", "interleaved"),
+    Family("cohere", "interleaved", casts=True),
     Family("glm", "interleaved", table="glm", slices=True),
     Family("glm4", "interleaved", table="glm", slices=True),
 )
@@ -119,7 +123,9 @@ def served(row: Family, q, k, cos, sin, unsqueeze_dim) -> bool:
     tensors = (q, k, cos, sin)
     if not all(isinstance(t, torch.Tensor) for t in tensors) or unsqueeze_dim not in LAYOUTS:
         return False
-    if q.dtype not in SERVED_DTYPES or any(t.dtype != q.dtype for t in tensors):
+    if q.dtype not in SERVED_DTYPES or k.dtype != q.dtype or sin.dtype != cos.dtype:
+        return False
+    if cos.dtype != q.dtype and not (row.casts and cos.dtype in SERVED_DTYPES):
         return False
     if not _on_kernel_device(q) or any(t.device != q.device for t in tensors):
         return False
@@ -233,6 +239,11 @@ def probe(row: Family, original: Callable) -> str | None:
             if y.shape != want.shape or not torch.allclose(y, want, rtol=1e-5, atol=1e-5):
                 return (f"its {name} output for rotary width {width} of head dim {d} is not the "
                         f"{row.style} rotation with {row.table} cos/sin the table declares")
+    if row.casts:
+        got = original(q.bfloat16(), k.bfloat16(), cos.float(), sin.float(), unsqueeze_dim=1)
+        if any(y.dtype != torch.bfloat16 for y in got):
+            return (f"it returns {got[0].dtype} for bfloat16 q and k with float32 cos/sin; the "
+                    f"table says it returns q's dtype")
     return None
 
 

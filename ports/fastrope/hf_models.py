@@ -39,13 +39,14 @@ ONE_B = Sizes(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192, v
               max_positions=16384 + 256, head_dim=64)
 """A 1B-class decoder: hidden 2048, 16 layers, 32/8 heads, head dim 64."""
 
-# Per family: the config class's own keywords beyond the shared ones.
+# Per family: the config class's own keywords beyond the shared ones. The MoE families route
+# every token to all 4 experts: no top-k choice that rounding could flip between two runs.
 _EXTRA = {
-    "mixtral": dict(num_local_experts=4, num_experts_per_tok=2),
-    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=2, shared_expert_intermediate_size=None,
+    "mixtral": dict(num_local_experts=4, num_experts_per_tok=4),
+    "qwen2_moe": dict(num_experts=4, num_experts_per_tok=4, shared_expert_intermediate_size=None,
                       decoder_sparse_step=1),
-    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1),
-    "qwen3_next": dict(num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1,
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=4, decoder_sparse_step=1),
+    "qwen3_next": dict(num_experts=4, num_experts_per_tok=4, decoder_sparse_step=1,
                        layer_types=None, linear_num_key_heads=2, linear_num_value_heads=4,
                        linear_conv_kernel_dim=4),
     "gemma2": dict(sliding_window=8),
