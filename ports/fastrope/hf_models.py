@@ -55,8 +55,9 @@ _EXTRA = {
 }
 
 
-def config(name: str, sizes: Sizes = TINY):
-    """A transformers config of family ``name`` with ``sizes`` (eager attention, no dropout)."""
+def config(name: str, sizes: Sizes = TINY, *, attention: str = "eager"):
+    """A transformers config of family ``name`` with ``sizes``; ``attention`` is transformers'
+    ``attn_implementation`` (the tests' eager; the benchmark's sdpa)."""
     from transformers import AutoConfig
 
     from ports.fastrope.hf import family
@@ -66,7 +67,7 @@ def config(name: str, sizes: Sizes = TINY):
     shared = dict(hidden_size=sizes.hidden, num_hidden_layers=sizes.layers,
                   num_attention_heads=sizes.heads, intermediate_size=sizes.intermediate,
                   vocab_size=sizes.vocab, max_position_embeddings=sizes.max_positions,
-                  attn_implementation="eager", tie_word_embeddings=False,
+                  attn_implementation=attention, tie_word_embeddings=False,
                   pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if name != "gpt_neox":
         shared["num_key_value_heads"] = sizes.kv_heads
@@ -84,10 +85,10 @@ def config(name: str, sizes: Sizes = TINY):
 
 
 def model(name: str, sizes: Sizes = TINY, *, seed: int = 0, dtype=torch.float32,
-          device: str | torch.device = "cpu"):
+          device: str | torch.device = "cpu", attention: str = "eager"):
     """A causal LM of family ``name``, random weights from ``seed``, in eval mode."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    lm = AutoModelForCausalLM.from_config(config(name, sizes), dtype=dtype)
+    lm = AutoModelForCausalLM.from_config(config(name, sizes, attention=attention), dtype=dtype)
     return lm.to(device).eval()
