@@ -15,8 +15,9 @@ Tiny random models (ports/fastrope/hf_models.py: hidden 64, 2 layers, 4 heads, 2
   ``CompileConfig(fullgraph=True)`` (mode reduce-overhead: CUDA graphs) over the patched model:
   the unpatched eager tokens, and fastrope traced into the graph.
 
-Skipped with a reason without transformers (and, for kernelize, kernels). The whole file takes
-about a minute on an H100, most of it the compiled decode.
+Skipped with a reason without transformers (and, for kernelize, kernels). Estimated at about 1.5
+minutes on an H100 (not yet run there), most of it the two compiles (the decode step with CUDA
+graphs, the training step); the slow-marked glm4 compiled decode adds about half a minute.
 """
 from __future__ import annotations
 

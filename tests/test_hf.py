@@ -266,14 +266,22 @@ def test_kernelized_model_compiles_whole_and_falls_back_on_cpu(cpu_mapping):
 
 
 def test_kernels_import_needs_neither_sigstore_nor_tomlkit():
-    """The GPU machine gets kernels without its signing and lockfile dependencies: importing it
-    and building the mapping must not touch them."""
+    """The GPU machine gets kernels without its signing and lockfile dependencies: importing it,
+    building the mapping and kernelizing a model with fastrope's repository must not touch
+    them."""
     import subprocess
     import sys
 
     _kernels()
     code = ("import sys; sys.modules['sigstore'] = None; sys.modules['tomlkit'] = None\n"
-            "from ports.fastrope.hf_kernels import kernel_mapping; kernel_mapping()")
+            "import kernels, torch\n"
+            "from ports.fastrope import hf_kernels, hf_models\n"
+            "hf_kernels.kernel_mapping()\n"
+            "repo = hf_kernels.FastropeRepository()\n"
+            "model = hf_models.model('llama')\n"
+            "with kernels.use_kernel_mapping({'rotary_pos_emb': {'cpu': repo}}):\n"
+            "    kernels.kernelize(model, device='cpu', mode=kernels.Mode.TRAINING)\n"
+            "model(torch.zeros(1, 4, dtype=torch.long)).logits.sum().backward()\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
