@@ -92,7 +92,7 @@ def kernelized():
 
     yield kernels, kernelize
     for name in DECORATED:
-        hf._import(hf.FAMILIES[name].module).apply_rotary_pos_emb.__dict__.pop("forward", None)
+        hf.module_of(hf.FAMILIES[name]).apply_rotary_pos_emb.__dict__.pop("forward", None)
 
 
 @pytest.mark.parametrize("name", DECORATED)

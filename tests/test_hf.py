@@ -109,7 +109,7 @@ def test_every_family_reaches_fastrope_with_its_convention(emulated, name):
 
 def test_batch_rows_and_bshd_layout(emulated):
     """cos/sin with one row set per sequence (offsets) and q, k as [b, s, h, d]."""
-    original = hf.original_of(hf._import(hf.FAMILIES["llama"].module).apply_rotary_pos_emb)
+    original = hf.original_of(hf.module_of(hf.FAMILIES["llama"]).apply_rotary_pos_emb)
     rotary = hf.drop_in(hf.FAMILIES["llama"], original)
     gen = torch.Generator().manual_seed(3)
     q, k = torch.randn(2, 5, 4, 8, generator=gen), torch.randn(2, 5, 2, 8, generator=gen)
@@ -167,7 +167,7 @@ def test_unknown_family_is_refused_with_the_table():
     ("llama", hf.Family("llama", "rotate_half", slices=True)),
 ])
 def test_a_row_the_installed_function_contradicts_is_refused(monkeypatch, name, wrong):
-    module = hf._import(hf.FAMILIES[name].module)
+    module = hf.module_of(hf.FAMILIES[name])
     before = module.apply_rotary_pos_emb
     monkeypatch.setitem(hf.FAMILIES, name, wrong)
     with pytest.raises(NotImplementedError, match=f"modeling_{name}.apply_rotary_pos_emb is not "
@@ -177,7 +177,7 @@ def test_a_row_the_installed_function_contradicts_is_refused(monkeypatch, name, 
 
 
 def test_patch_undo_restores_and_patch_llama_is_an_alias():
-    module = hf._import(hf.FAMILIES["llama"].module)
+    module = hf.module_of(hf.FAMILIES["llama"])
     before = module.apply_rotary_pos_emb
     patch = hf.patch_llama()
     assert module.apply_rotary_pos_emb.family is hf.FAMILIES["llama"]
@@ -233,7 +233,7 @@ def cpu_mapping():
              Mode.INFERENCE | Mode.TORCH_COMPILE: repo, Mode.TRAINING | Mode.TORCH_COMPILE: repo}
     yield {"rotary_pos_emb": {"cpu": modes}}
     for name in DECORATED:
-        fn = hf._import(hf.FAMILIES[name].module).apply_rotary_pos_emb
+        fn = hf.module_of(hf.FAMILIES[name]).apply_rotary_pos_emb
         fn.__dict__.pop("forward", None)
 
 
@@ -245,7 +245,7 @@ def test_kernelized_model_reaches_fastrope(emulated, cpu_mapping, name):
     want = _logits(model, ids)
     with kernels.use_kernel_mapping(cpu_mapping, inherit_mapping=False):
         kernels.kernelize(model, device="cpu", mode=kernels.Mode.INFERENCE)
-    fn = hf._import(hf.FAMILIES[name].module).apply_rotary_pos_emb
+    fn = hf.module_of(hf.FAMILIES[name]).apply_rotary_pos_emb
     assert fn.forward.__func__ is hf_kernels.FastropeRotary.forward
     got = _logits(model, ids)
     assert emulated.calls

@@ -282,11 +282,12 @@ def family_of(model_or_family) -> Family:
     return family(parts[2])
 
 
-def _import(module_name: str):
+def module_of(row: Family):
+    """The family's transformers module, imported (ImportError naming the extra without it)."""
     try:
-        return importlib.import_module(module_name)
+        return importlib.import_module(row.module)
     except ImportError as exc:
-        raise ImportError(f"patching needs Hugging Face transformers with {module_name}: pip "
+        raise ImportError(f"patching needs Hugging Face transformers with {row.module}: pip "
                           f"install 'rope-ports[hf]' (or transformers)") from exc
 
 
@@ -314,7 +315,7 @@ def patch(model_or_family) -> Patch:
             model.generate(...)
     """
     row = family_of(model_or_family)
-    module = _import(row.module)
+    module = module_of(row)
     current = getattr(module, "apply_rotary_pos_emb", None)
     if current is None:
         raise NotImplementedError(f"{row.module} has no module-level apply_rotary_pos_emb to "

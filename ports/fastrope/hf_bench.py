@@ -69,7 +69,7 @@ def variants(name: str, *, liger: bool) -> dict[str, Callable | str]:
         elif row.style != "rotate_half" or row.slices or row.name in ("phi", "stablelm"):
             found["liger"] = "unsupported: Liger's rotary is rotate-half at full head width"
         else:
-            found["liger"] = lambda: hf.Patch(hf._import(row.module), "apply_rotary_pos_emb", fn)
+            found["liger"] = lambda: hf.Patch(hf.module_of(row), "apply_rotary_pos_emb", fn)
     return found
 
 
