@@ -5,6 +5,8 @@ Every family of the table, as a tiny random model (hidden 64, 2 layers, 4 heads,
 - with the kernel's device check widened to CPU and fastrope's ``apply_rope`` replaced by a
   float64 emulation of it, the patched model (and the kernelized one) agrees with the unpatched
   one to fp32 rounding: the family's style, table form and rotary width reach fastrope right;
+- the same through the real ``apply_rope`` and its host checks, the launch replaced by the
+  float64 oracle (test_fastrope_ops.py's ``oracle_kernel``);
 - the table refuses a family it does not hold, and a row the installed function contradicts.
 kernelize with :func:`hf_kernels.kernel_mapping` on CPU keeps the original function (kernels
 finds no CPU entry) or, with ``use_fallback=False``, raises.
@@ -21,6 +23,7 @@ transformers = pytest.importorskip(
     "transformers", reason="needs Hugging Face transformers: pip install -e '.[hf]'")
 
 from ports.fastrope import hf, hf_kernels, hf_models  # noqa: E402
+from test_fastrope_ops import oracle_kernel  # noqa: E402,F401 - a fixture
 from reference.oracle import apply_rope as oracle_apply_rope  # noqa: E402
 from reference.tables import expand_half  # noqa: E402
 
@@ -104,6 +107,19 @@ def test_every_family_reaches_fastrope_with_its_convention(emulated, name):
     assert {style for style, _, _ in emulated.calls} == {row.style}
     if name in ("gpt_neox", "phi", "stablelm", "phi3", "glm", "glm4", "qwen3_next"):
         assert all(width < hf_models.TINY.dim for _, width, _ in emulated.calls)
+    torch.testing.assert_close(got, want, **LOGIT_TOL)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_family_passes_fastrope_argument_checks(oracle_kernel, monkeypatch, name):
+    """The real ``apply_rope`` (its host checks included) with the float64 oracle in place of
+    the launch (test_fastrope_ops.py's fixture): what each drop-in passes is a valid call."""
+    monkeypatch.setattr(hf, "_on_kernel_device", lambda t: True)
+    model = hf_models.model(name)
+    ids = _ids()
+    want = _logits(model, ids)
+    with hf.patch(name):
+        got = _logits(model, ids)
     torch.testing.assert_close(got, want, **LOGIT_TOL)
 
 
