@@ -21,10 +21,12 @@ Usage (kernels 0.17)::
 
 The mapping's CUDA entry covers capabilities [80, max), narrower than the Hub default's
 [0, max), so it wins when both are registered. ``device="cpu"`` finds no entry: kernels keeps
-the original function (or, with ``use_fallback=False``, raises "No layer mapping for
-`rotary_pos_emb` with device type `cpu`"). The replacement is per family, not per model, as
-transformers' decorated function is; kernelize again under a mapping without
-``rotary_pos_emb`` to restore it.
+the original function (or, with ``use_fallback=False``, raises ``ValueError: No layer mapping
+for `rotary_pos_emb` with device type `Device(type='cpu', ...)```). The replacement is per
+family, not per model, as transformers' decorated function is; kernelize again under a mapping
+without ``rotary_pos_emb`` to restore it. Families transformers does not decorate (Phi3,
+StableLM, GPT-NeoX, Qwen3-Next, Cohere, GLM, GLM4 in 5.17) are never kernelized: use
+:func:`hf.patch` for them.
 
 Which family a call belongs to is learned in ``load()``, when kernelize first loads the layer:
 every family of :data:`hf.FAMILIES` that transformers decorates is imported, checked with
