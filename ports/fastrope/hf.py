@@ -25,8 +25,10 @@ GLM, GLM4                 interleaved     ``cat(f, f)``; the function uses      
 
 "Slices R": the function itself rotates only ``q[..., :R]`` with ``R = cos.shape[-1]`` and
 passes the rest through (partial rotary). Phi and StableLM are partial too, but their attention
-slices q before the call, so their function sees full-width rotary. The rotary width R is read
-from cos at every call; the style and the table's form come from the row. :func:`patch` checks
+slices q before the call, so their function sees full-width rotary. OLMo2 and Cohere return
+q's dtype whatever cos's (OLMo2 passes float32 cos/sin with bf16 q), so fastrope serves them with
+float32 tables too. The rotary width R is read from cos at every call; the style, the table's
+form, slicing and casting come from the row. :func:`patch` checks
 the row against the installed function before it patches (a float64 probe on CPU), so a
 transformers release that changes a family's convention is refused, never served wrong.
 
