@@ -37,22 +37,30 @@ def use_head_parallel(nnz: int, bdy: int, blocks_per_sm: int, num_sms: int) -> b
     return (nnz + bdy - 1) // bdy < blocks_per_sm * num_sms
 
 
-def _cache_kernel_names() -> tuple[str, ...]:
-    names = []
-    for t, size in (("__half", 2), ("__nv_bfloat16", 2)):
-        for head_dim in HEAD_DIMS:
-            vec, bdx, _ = vector_layout(head_dim, size)
-            for kind in ("sgl_rope_enhanced", "sgl_rope_enhanced_head_parallel"):
-                for save in ("false", "true"):
-                    for inter in ("false", "true"):
-                        names.append(f"{kind}<{save}, {inter}, {head_dim}, {vec}, {bdx}, {t}>")
-    names += [f"sgl_rotary_embedding<{t}, {neox}>" for t in ANY_HEAD_TYPES.values()
-              for neox in ("false", "true")]
+def cache_kernel_name(head_parallel: bool, save_kv_cache: bool, interleave: bool,
+                      head_dim: int, dtype: torch.dtype) -> str:
+    """The instantiation the cache launcher picks (template arguments as the original's)."""
+    vec, bdx, _ = vector_layout(head_dim, dtype.itemsize)
+    kind = "sgl_rope_enhanced_head_parallel" if head_parallel else "sgl_rope_enhanced"
+    flag = lambda b: "true" if b else "false"  # noqa: E731
+    return (f"{kind}<{flag(save_kv_cache)}, {flag(interleave)}, {head_dim}, {vec}, {bdx}, "
+            f"{CACHE_TYPES[dtype]}>")
+
+
+def any_head_kernel_name(is_neox: bool, dtype: torch.dtype) -> str:
+    return f"sgl_rotary_embedding<{ANY_HEAD_TYPES[dtype]}, {'true' if is_neox else 'false'}>"
+
+
+def _kernel_names() -> tuple[str, ...]:
+    flags = (False, True)
+    names = [cache_kernel_name(hp, save, inter, head_dim, dtype) for dtype in CACHE_TYPES
+             for head_dim in HEAD_DIMS for hp in flags for save in flags for inter in flags]
+    names += [any_head_kernel_name(neox, dtype) for dtype in ANY_HEAD_TYPES for neox in flags]
     return tuple(names)
 
 
 # sgl-kernel's sm_90 library: SGL_KERNEL_CUDA_FLAGS (-maxrregcount=128) plus -use_fast_math.
-MODULE = _cupy.CudaModule("ports.sglang", "rope.cu", kernels=_cache_kernel_names(),
+MODULE = _cupy.CudaModule("ports.sglang", "rope.cu", kernels=_kernel_names(),
                           options=("--use_fast_math", "--maxrregcount=128"))
 
 
@@ -189,10 +197,7 @@ def apply_rope_pos_ids_cos_sin_cache(q, k, q_rope, k_rope, cos_sin_cache, pos_id
     if nnz == 0:
         return
 
-    save = "true" if save_kv_cache else "false"
-    inter = "true" if interleave else "false"
-    tail = f"{save}, {inter}, {head_dim}, {vec_size}, {bdx}, {CACHE_TYPES[q.dtype]}>"
-    sequential = f"sgl_rope_enhanced<{tail}"
+    sequential = cache_kernel_name(False, save_kv_cache, interleave, head_dim, q.dtype)
     num_threads = bdx * bdy
     blocks_per_sm = occupancy(sequential, device, num_threads)
     nblks_x = (nnz + bdy - 1) // bdy
@@ -205,7 +210,8 @@ def apply_rope_pos_ids_cos_sin_cache(q, k, q_rope, k_rope, cos_sin_cache, pos_id
               for s in strides(t)),
             _cupy.ptr(kv_cache_loc))
     if use_head_parallel(nnz, bdy, blocks_per_sm, num_sms(device)):
-        _cupy.launch(MODULE, f"sgl_rope_enhanced_head_parallel<{tail}", device,
+        _cupy.launch(MODULE, cache_kernel_name(True, save_kv_cache, interleave, head_dim, q.dtype),
+                     device,
                      (nblks_x, num_qo_heads + num_kv_heads), (bdx, bdy), args)
     else:
         _cupy.launch(MODULE, sequential, device, (nblks_x,), (bdx, bdy), args)
@@ -303,13 +309,13 @@ def rotary_embedding(cos: torch.Tensor, sin: torch.Tensor, query: torch.Tensor,
     # head strides: query.stride(1) for [T, H, D], else head_size (dense either way here)
     head_stride_q = query.stride(1) if query.dim() == 3 else head_size
     head_stride_k = (key.stride(1) if key is not None and key.dim() == 3 else head_size)
-    name = f"sgl_rotary_embedding<{ANY_HEAD_TYPES[query.dtype]}, {'true' if is_neox else 'false'}>"
-    _cupy.launch(MODULE, name, device, (num_tokens,), (block,),
+    _cupy.launch(MODULE, any_head_kernel_name(is_neox, query.dtype), device, (num_tokens,), (block,),
                  (_cupy.ptr(cos), _cupy.ptr(sin), _cupy.ptr(query), _cupy.ptr(key),
                   _cupy.i32(rot_dim_arg), _cupy.i64(q_hidden), _cupy.i64(k_hidden),
                   _cupy.i64(head_stride_q), _cupy.i64(head_stride_k), _cupy.i32(num_heads),
                   _cupy.i32(num_kv_heads), _cupy.i32(head_size)))
 
 
-__all__ = ["MODULE", "HEAD_DIMS", "vector_layout", "use_head_parallel",
+__all__ = ["MODULE", "HEAD_DIMS", "vector_layout", "use_head_parallel", "cache_kernel_name",
+           "any_head_kernel_name",
            "apply_rope_pos_ids_cos_sin_cache", "rotary_embedding"]
