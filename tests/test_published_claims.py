@@ -13,9 +13,20 @@ def test_every_published_claim_names_its_source_and_rows():
                        "sgl-project/sglang PR 6530"]
     for claim in pc.CLAIMS:
         assert "not stated" in claim.text  # each says what its source left out
-    assert pc.ROWS["flashinfer_cache"] in pc.CLAIMS[0].text
-    assert pc.ROWS["vllm"] in pc.CLAIMS[1].text and pc.ROWS["vllm"] in pc.CLAIMS[2].text
-    assert pc.ROWS["sglang_any_head"] in pc.CLAIMS[2].text
+    for key, index in (("flashinfer_computed", 0), ("flashinfer_cache", 0),
+                       ("flashinfer_cache", 1), ("vllm", 1), ("vllm", 2), ("sglang_any_head", 2)):
+        assert all(name in pc.CLAIMS[index].text for name in pc.ROWS[key])
+
+
+def test_a_claim_times_the_first_registered_candidate(monkeypatch):
+    from ports import registry
+
+    assert pc.row("sglang_any_head") == "sglang.rotary_embedding"
+    assert pc.row("vllm") in registry.NAMES  # the port's row, or else the installed peer's
+    monkeypatch.setitem(pc.ROWS, "vllm", ("no_such.port_row", "vllm.rotary_embedding"))
+    assert pc.row("vllm") == "vllm.rotary_embedding"
+    monkeypatch.setitem(pc.ROWS, "vllm", ("no_such.a", "no_such.b"))
+    assert pc.row("vllm") == "no_such.a"  # its measurement then says it is not registered
 
 
 def test_unmeasured_lists_the_published_claims_after_the_seeds():
@@ -31,7 +42,7 @@ def test_pr619_shapes_and_byte_count_match_the_source():
     assert {(c.batch, c.seqlen) for c, _ in cases} == {(19, 1024), (99, 128)}
     for case, row in cases:
         assert (case.heads, case.kv_heads, case.head_dim, case.dtype) == (32, 8, 128, "fp16")
-        assert row in (pc.ROWS["flashinfer_computed"], pc.ROWS["flashinfer_cache"])
+        assert row in (*pc.ROWS["flashinfer_computed"], *pc.ROWS["flashinfer_cache"])
     # The thread's "19 x 1024, cache: 147 us, 2709.333 GB/s": its GB/s is our io_bytes (q + k
     # read and written, 2-byte elements) over its latency, rounded to the microsecond.
     case = next(c for c, _ in cases if c.batch == 19)

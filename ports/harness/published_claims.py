@@ -11,7 +11,8 @@ measured GB/s lies in the claimed range widened by the same ``SLACK`` fraction o
 GPUs differ (most sources do not name theirs), so a verdict says whether the claim's *shape* of
 result reproduces on this GPU, not whether the source measured wrongly.
 
-Rows assumed (named once here, so a rename is one edit): :data:`ROWS`.
+Rows assumed (named once here, so a rename is one edit): :data:`ROWS`, each a list of candidates
+(the CuPy port first, then the installed library's peer row).
 """
 from __future__ import annotations
 
@@ -21,16 +22,35 @@ from dataclasses import dataclass
 
 from reference.case import RopeCase
 
-# The registry rows these claims time. Ports of FlashInfer, vLLM and SGLang (ports/flashinfer*,
-# ports/vllm*, ports/sglang) register them.
-ROWS = {
-    "flashinfer_computed": "flashinfer.apply_rope_pos_ids",  # angles in the kernel, per-token ids
-    "flashinfer_cache": "flashinfer.apply_rope_with_cos_sin_cache",  # fp32 cat(cos, sin) cache
-    "vllm": "vllm.rotary_embedding",  # vLLM's CUDA op: cache in x's dtype, in place
-    "sglang_cache": "sglang.apply_rope_with_cos_sin_cache_inplace",
-    "sglang_any_head": "sglang.rotary_embedding",  # sgl-kernel's any-head-size kernel
+# The registry rows these claims time, each as candidates in order of preference: the CuPy port
+# (ports/flashinfer_port, ports/vllm*, ports/sglang), then the installed library's peer row
+# (ports/peers). A claim times the first candidate that is registered.
+ROWS: dict[str, tuple[str, ...]] = {
+    # angles computed in the kernel, per-token position ids
+    "flashinfer_computed": ("flashinfer_port.pos_ids", "flashinfer.pos_ids"),
+    # fp32 cat(cos, sin) cache, per-token positions
+    "flashinfer_cache": ("flashinfer_port.cos_sin_cache", "flashinfer.cos_sin_cache"),
+    # vLLM's CUDA op: cat(cos, sin) cache in x's dtype, in place
+    "vllm": ("vllm_port.rotary_embedding", "vllm.rotary_embedding"),
+    "sglang_cache": ("sglang.apply_rope_with_cos_sin_cache_inplace",),
+    # sgl-kernel's any-head-size kernel (head size 80)
+    "sglang_any_head": ("sglang.rotary_embedding",),
 }
 NOT_REPRODUCIBLE = "not reproducible here"
+
+
+def row(key: str) -> str:
+    """The first registered candidate for ``key`` (the first candidate if none is: its
+    measurement then says it is not registered)."""
+    from ports import registry
+
+    candidates = ROWS[key]
+    names = set(registry.NAMES)
+    return next((n for n in candidates if n in names), candidates[0])
+
+
+def _rows_text(key: str) -> str:
+    return " or ".join(ROWS[key])
 
 
 @dataclass
@@ -126,7 +146,7 @@ def flashinfer_pr619_cases() -> list[tuple[RopeCase, str]]:
     for batch, length in ((19, 1024), (99, 128)):
         case = RopeCase(batch, length, 32, 128, kv_heads=8, dtype="fp16",
                         label=f"FlashInfer PR 619 {batch}x{length}")
-        out += [(case, ROWS["flashinfer_computed"]), (case, ROWS["flashinfer_cache"])]
+        out += [(case, row("flashinfer_computed")), (case, row("flashinfer_cache"))]
     return out
 
 
@@ -166,22 +186,22 @@ def _claims() -> tuple[PublishedClaim, ...]:
             "flashinfer-ai/flashinfer PR 619",
             "apply_rope reaches 2.39-2.71 TB/s with 32 q and 8 kv heads, head dim 128, at "
             "19x1024 and 99x128 tokens, angles computed and from the cos/sin cache (16-bit; GPU "
-            f"not stated, H100-class); rows {ROWS['flashinfer_computed']}, "
-            f"{ROWS['flashinfer_cache']}",
+            f"not stated, H100-class); rows {_rows_text('flashinfer_computed')}; "
+            f"{_rows_text('flashinfer_cache')}",
             lambda: _bandwidth(flashinfer_pr619_cases(), 2390.0, 2710.0)),
         PublishedClaim(
             "vllm-project/vllm PR 21126",
             "FlashInfer's RoPE is ~2x vLLM's own custom op in microbenchmarks (shapes, dtype and "
             "GPU not stated; measured on bench_rope.py's 32/8 heads x 128, bf16, 1k-64k tokens); "
-            f"{ROWS['flashinfer_cache']} vs {ROWS['vllm']}",
-            lambda: _ratio(vllm_pr21126_cases(), ROWS["vllm"], ROWS["flashinfer_cache"], 2.0)),
+            f"{_rows_text('flashinfer_cache')} vs {_rows_text('vllm')}",
+            lambda: _ratio(vllm_pr21126_cases(), row("vllm"), row("flashinfer_cache"), 2.0)),
         PublishedClaim(
             "sgl-project/sglang PR 6530",
             "head size 80: SGLang's kernel 29.8 us against vLLM's 117.1 us, 3.93x (16/16 heads, "
             "4000 tokens, GPT-J style, dtype and GPU not stated; the PR was closed unmerged, its "
             "successor in sgl-kernel is measured); "
-            f"{ROWS['sglang_any_head']} vs {ROWS['vllm']}",
-            lambda: _ratio(sglang_pr6530_cases(), ROWS["vllm"], ROWS["sglang_any_head"],
+            f"{_rows_text('sglang_any_head')} vs {_rows_text('vllm')}",
+            lambda: _ratio(sglang_pr6530_cases(), row("vllm"), row("sglang_any_head"),
                            117.1 / 29.8)),
     )
 
