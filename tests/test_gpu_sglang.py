@@ -27,7 +27,7 @@ from reference.tolerances import tolerance
 
 pytestmark = pytest.mark.gpu
 
-CACHE = "sglang.apply_rope_with_cos_sin_cache_inplace"
+CACHE = "sglang.cos_sin_cache_inplace"
 ANY = "sglang.rotary_embedding"
 GQA = RopeCase(2, 37, 8, 128, kv_heads=2, dtype="bf16", positions="ids", label="sglang")
 H80 = RopeCase(1, 300, 16, 80, kv_heads=16, dtype="fp16", cos_sin_dtype="same",

@@ -149,7 +149,7 @@ def test_any_head_size_refusals(make, error, match):
 
 
 def test_registry_rows_and_their_reasons():
-    cache_row = registry.get("sglang.apply_rope_with_cos_sin_cache_inplace")
+    cache_row = registry.get("sglang.cos_sin_cache_inplace")
     any_row = registry.get("sglang.rotary_embedding")
     h80 = RopeCase(1, 64, 16, 80, kv_heads=16, dtype="bf16", style="interleaved",
                    cos_sin_dtype="same")

@@ -32,7 +32,7 @@ ROWS: dict[str, tuple[str, ...]] = {
     "flashinfer_cache": ("flashinfer_port.cos_sin_cache", "flashinfer.cos_sin_cache"),
     # vLLM's CUDA op: cat(cos, sin) cache in x's dtype, in place
     "vllm": ("vllm_port.rotary_embedding", "vllm.rotary_embedding"),
-    "sglang_cache": ("sglang.apply_rope_with_cos_sin_cache_inplace",),
+    "sglang_cache": ("sglang.cos_sin_cache_inplace",),
     # sgl-kernel's any-head-size kernel (head size 80)
     "sglang_any_head": ("sglang.rotary_embedding",),
 }

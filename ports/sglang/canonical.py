@@ -1,6 +1,6 @@
 """The SGLang port as registry entries (family ``sglang``):
 
-* ``sglang.apply_rope_with_cos_sin_cache_inplace``: per-token positions (int64) and FlashInfer's
+* ``sglang.cos_sin_cache_inplace``: per-token positions (int64) and FlashInfer's
   fp32 ``cat(cos, sin)`` cache ``[L, R]``: the case's tables, one value per pair, converted to
   fp32 once in ``prepare`` (exact for fp32 and x-dtype tables; fp64 tables are rounded, as a
   model's fp32 cache is); q and k in one launch, in place; head dims 64, 128, 256, 512, fp16
@@ -117,7 +117,7 @@ def _specs() -> list[ImplSpec]:
                   tensors_per_launch=2)
     return [
         ImplSpec(
-            name="sglang.apply_rope_with_cos_sin_cache_inplace",
+            name="sglang.cos_sin_cache_inplace",
             summary="sgl-kernel apply_rope_with_cos_sin_cache_inplace: FlashInfer's vector "
                     "layout (SGLang's Enhanced kernels), fp32 cat(cos, sin) cache, in place",
             prepare=_prepare_cache, dtypes=frozenset({"fp16", "bf16"}), check=_cache_limits,
