@@ -1,15 +1,16 @@
 """SGLang's sgl-kernel RoPE, ported as CuPy RawKernels: ``apply_rope_with_cos_sin_cache_inplace``
 (with its fused KV-cache store) and ``rotary_embedding``, the any-head-size kernel (head size 80).
 
-Upstream (Apache-2.0), read at these stored versions:
+Upstream (Apache-2.0), read file by file at these commits (the repository is too large to fetch
+whole; each file is the newest version the store holds):
 
 * ``sgl-project/sglang@00694356:sgl-kernel/python/sgl_kernel/elementwise.py``
   (``apply_rope_with_cos_sin_cache_inplace``, ``FusedSetKVBufferArg``);
 * ``sgl-project/sglang@8704aa6a:sgl-kernel/csrc/elementwise/rope.cu`` (host checks and the
   branch between the two kernel families);
 * ``sgl-project/sglang@54ac12ac:sgl-kernel/csrc/elementwise/pos_enc.cuh`` (SGLang's "Enhanced"
-  kernels and their launcher, over FlashInfer's ``pos_enc.cuh`` at the FlashInfer commit
-  sgl-kernel pins, ``bc29697ba20b``);
+  kernels and their launcher, over FlashInfer's ``pos_enc.cuh``: sgl-kernel pins FlashInfer
+  ``bc29697ba20b``; the helpers were read at ``flashinfer-ai/flashinfer@fb28d7242b35``);
 * ``sgl-project/sglang@02f22ef8:sgl-kernel/csrc/multimodal/rotary_embedding.cu``
   (``rotary_embedding``);
 * ``sgl-project/sglang@00390b86:sgl-kernel/CMakeLists.txt`` (sm_90 flags: ``-use_fast_math``,

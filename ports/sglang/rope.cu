@@ -13,8 +13,9 @@
 // FlashInfer's parts, rewritten here because a port imports no other port (FlashInfer's own port
 // has them too): vec_t's cast_load / cast_store and float load (16-byte vectors),
 // vec_apply_llama_rope_cos_sin (rotate-half) and vec_apply_llama_rope_cos_sin_interleave_reuse_half
-// (interleaved, cos[i / 2]) from flashinfer-ai/flashinfer include/flashinfer/pos_enc.cuh (the
-// FlashInfer commit sgl-kernel pins: bc29697ba20b), get_elem_offset_impl (64-bit offsets).
+// (interleaved, cos[i / 2]) from flashinfer-ai/flashinfer include/flashinfer/pos_enc.cuh, read at
+// fb28d7242b35 (sgl-kernel's CMakeLists pins FlashInfer bc29697ba20b, not read here; these helpers
+// are the ones SGLang's Enhanced kernels call by name), get_elem_offset_impl (64-bit offsets).
 //
 // Design kept (ports/sglang/__init__.py lists every departure):
 // * vec_size = max(16 / sizeof(T), HEAD_DIM / 32) elements per thread, bdx = HEAD_DIM / vec_size
