@@ -2,7 +2,7 @@
 (with its fused KV-cache store) and ``rotary_embedding``, the any-head-size kernel (head size 80).
 
 Upstream (Apache-2.0), read file by file at these commits (the repository is too large to fetch
-whole; each file is the newest version the store holds):
+whole; each a stored version with enable_pdl and the fused KV store, not proven the newest):
 
 * ``sgl-project/sglang@00694356:sgl-kernel/python/sgl_kernel/elementwise.py``
   (``apply_rope_with_cos_sin_cache_inplace``, ``FusedSetKVBufferArg``);
