@@ -51,7 +51,7 @@ def test_default_table_lists_unsupported_in_one_line(capsys):
         rows = [line for line in t.splitlines() if line.startswith("| ")]
         assert not any("unsupported" in row for row in rows)
     if NO_GPU:
-        assert "leetcuda.*, apex.*, paddle.*, oneflow.*, fastrope.* (needs an NVIDIA GPU (cupy))" \
+        assert "leetcuda.*, apex.*, paddle.*, oneflow.*, fastrope.*, sglang.* (needs an NVIDIA GPU (cupy))" \
             in " ".join(out.split())
         assert "no times: timing needs an NVIDIA GPU" in out
 

@@ -5,7 +5,8 @@ for the same experiment on the current GPU, and a verdict. Claims are speed-up r
 gains (ratio - 1) because the GPUs differ: a claim *holds* when the measured gain lies in the
 claimed range widened by 25% of each end (at least 0.05); otherwise it *does not hold* (smaller or
 larger here), and it is *not reproducible here* when an implementation it needs is missing or
-cannot run (the reason is given).
+cannot run (the reason is given). The serving frameworks' published claims (FlashInfer, vLLM,
+SGLang pull requests) follow the seeds' rows: :mod:`ports.harness.published_claims`.
 """
 from __future__ import annotations
 
@@ -142,6 +143,8 @@ CLAIMS: tuple[Callable[[], Claim | list[Claim]], ...] = (seed000, seed001, seed0
 
 
 def measure() -> list[Claim]:
+    from ports.harness import published_claims
+
     rows: list[Claim] = []
     for fn in CLAIMS:
         try:
@@ -150,7 +153,7 @@ def measure() -> list[Claim]:
             got = Claim(fn.__name__.replace("seed", ""), fn.__doc__ or fn.__name__,
                         f"error: {type(exc).__name__}: {exc}"[:160])
         rows += got if isinstance(got, list) else [got]
-    return rows
+    return rows + published_claims.measure(Claim)
 
 
 def unmeasured(reason: str) -> list[Claim]:
@@ -168,7 +171,10 @@ def unmeasured(reason: str) -> list[Claim]:
         ("004", "RMSNorm 2.3x faster than PyTorch (RTX 3090)"),
         ("004", "fused RMSNorm + matmul + RoPE 1.52x faster than PyTorch (RTX 3090)"),
     ]
-    return [Claim(seed, text, reason) for seed, text in texts]
+    from ports.harness import published_claims
+
+    return ([Claim(seed, text, reason) for seed, text in texts]
+            + published_claims.unmeasured(Claim, reason))
 
 
 def table(claims: Sequence[Claim], gpu: str, fmt: str = "github") -> str:

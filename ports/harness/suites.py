@@ -41,6 +41,7 @@ def crossval() -> list[RopeCase]:
         RopeCase(4, 64, 3, 32, layout="thd", seqlens=(64, 1, 17, 30), label="thd uneven"),
         RopeCase(2, 24, 4, 32, kv_heads=1, label="q and k, MQA"),
         RopeCase(2, 24, 4, 32, kv_heads=2, dtype="bf16", label="q and k, GQA, bf16"),
+        RopeCase(2, 24, 8, 128, kv_heads=2, dtype="bf16", label="q and k, GQA, head 128, bf16"),
     ]:
         cases += _both_styles(case)
     low = RopeCase(2, 128, 8, 64, label="half precision")
