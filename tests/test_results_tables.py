@@ -1,0 +1,64 @@
+"""The committed results tables are what their data files produce (tools/results_tables.py)."""
+import json
+import re
+
+import pytest
+
+from tools import results_tables as rt
+
+TABLES = rt.load()
+PROVENANCE = ("command", "commit", "gpu", "driver", "versions", "date")
+
+
+@pytest.mark.parametrize("doc", rt.DOCUMENTS)
+def test_committed_tables_match_their_data(doc):
+    text = (rt.ROOT / doc).read_text(encoding="utf-8")
+    regenerated = rt.regenerate(text, TABLES)
+    stale = [n for n in rt.quoted(text)
+             if f"<!-- table:{n} -->\n{rt.render(n, TABLES)}<!-- /table -->" not in text]
+    assert regenerated == text, f"{doc}: tables {stale} differ from their data; run python -m tools.results_tables"
+
+
+@pytest.mark.parametrize("name", sorted(TABLES))
+def test_data_file_states_its_run(name):
+    spec = TABLES[name]
+    source = TABLES[spec["view"]["source"]] if "view" in spec else spec
+    for key in PROVENANCE:
+        assert source.get(key), f"{name}: no {key} (write 'not recorded' when the run did not record it)"
+    assert re.fullmatch(r"2026-\d\d-\d\d|not recorded", source["date"]), source["date"]
+    if "view" not in spec:
+        width = len(spec["columns"])
+        assert all(len(r) == width for r in spec["rows"]), f"{name}: a row's width is not the header's"
+
+
+def test_every_data_file_is_quoted():
+    """A data file no document quotes is stale; DESIGN.md's ablation table is quoted once its markers land."""
+    quoted = {n for doc in rt.DOCUMENTS for n in rt.quoted((rt.ROOT / doc).read_text(encoding="utf-8"))}
+    unquoted = {n for n in TABLES if n not in quoted and TABLES[n].get("document") != "ports/fastrope/DESIGN.md"}
+    assert not unquoted, f"data files no document quotes: {sorted(unquoted)}"
+
+
+def test_a_changed_cell_is_caught():
+    """The check can fail: one edited cell makes the regenerated text differ from the committed one."""
+    name = next(n for n in TABLES if "view" not in TABLES[n])
+    edited = json.loads(json.dumps(TABLES))
+    edited[name]["rows"][0][-1] += "0"
+    text = f"x\n<!-- table:{name} -->\n{rt.render(name, TABLES)}<!-- /table -->\n"
+    assert rt.regenerate(text, TABLES) == text
+    assert rt.regenerate(text, edited) != text
+
+
+def test_unknown_table_name_raises():
+    with pytest.raises(KeyError, match="no data file"):
+        rt.regenerate("<!-- table:no-such-run -->\n<!-- /table -->", TABLES)
+
+
+def test_check_mode_reports_stale(tmp_path, monkeypatch, capsys):
+    doc = tmp_path / "README.md"
+    name = next(iter(TABLES))
+    doc.write_text(f"<!-- table:{name} -->\n| stale |\n<!-- /table -->\n", encoding="utf-8")
+    monkeypatch.setattr(rt, "ROOT", tmp_path)
+    monkeypatch.setattr(rt, "DOCUMENTS", ("README.md",))
+    assert rt.main(["--check"]) == 1
+    assert "stale tables in README.md" in capsys.readouterr().err
+    assert rt.main([]) == 0 and rt.main(["--check"]) == 0
