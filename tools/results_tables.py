@@ -27,6 +27,7 @@ import argparse
 import json
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -73,7 +74,7 @@ def render(name: str, tables: dict[str, dict]) -> str:
     else:
         columns, rows = spec["columns"], spec["rows"]
         align = spec.get("align") or [""] * len(columns)
-    lines = [caption, ""] if caption else []
+    lines = [textwrap.fill(caption, 110, break_long_words=False, break_on_hyphens=False), ""] if caption else []
     lines += [_row(columns), _row([_RULE[a] for a in align])] + [_row(r) for r in rows]
     return "\n".join(lines) + "\n"
 
