@@ -62,3 +62,43 @@ def test_check_mode_reports_stale(tmp_path, monkeypatch, capsys):
     assert rt.main(["--check"]) == 1
     assert "stale tables in README.md" in capsys.readouterr().err
     assert rt.main([]) == 0 and rt.main(["--check"]) == 0
+
+
+def notebook_headings() -> list[str]:
+    """results/README.md's '## ' and '### ' headings after its contents list, outside code blocks."""
+    text = (rt.ROOT / "results" / "README.md").read_text(encoding="utf-8")
+    body = text[text.index("\n## Contents\n") + 1:]
+    headings, in_code = [], False
+    for line in body.splitlines()[1:]:
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and re.match(r"#{2,3} ", line):
+            headings.append(line.split(" ", 1)[1])
+    return headings
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_notebook_sections_are_dated_in_order():
+    dates = []
+    for heading in notebook_headings():
+        m = re.match(r"(2026-\d\d-\d\d): ", heading)
+        assert m, f"results/README.md section without a date: {heading!r}"
+        dates.append(m.group(1))
+    assert dates == sorted(dates), "results/README.md's sections are not in date order"
+
+
+def test_notebook_contents_lists_every_section():
+    text = (rt.ROOT / "results" / "README.md").read_text(encoding="utf-8")
+    contents = text[text.index("\n## Contents\n"):]
+    contents = contents[:contents.index("\n## ", 1)]
+    missing = [h for h in notebook_headings() if f"](#{anchor(h)})" not in contents]
+    assert not missing, f"not in results/README.md's contents: {missing}"
+
+
+def test_notebook_calls_nothing_final():
+    text = (rt.ROOT / "results" / "README.md").read_text(encoding="utf-8")
+    assert not re.search(r"\bfinal\b", text, re.I), "a run called final goes stale with the next commit"
