@@ -1,5 +1,6 @@
-"""The README as a newcomer meets it: short, a venv, the CUDA build picked without torch, every family,
-layout and case tag defined, a sample output that a real run prints, and a map of the top-level folders."""
+"""The README as a newcomer meets it: short, a venv, the CUDA build picked without torch, every
+family, layout and case tag defined, a sample output that a real run prints, and a map of the
+top-level folders."""
 import dataclasses
 import os
 import re
@@ -52,13 +53,14 @@ def test_setup_makes_and_activates_a_venv_before_installing():
     setup = section("Set-up")
     venv = setup.find("python3 -m venv .venv")
     assert venv >= 0, "the set-up makes no virtual environment"
-    assert re.search(r"(^|&& |; )(\.|source) \.venv/bin/activate", setup, re.M), "the venv is not activated"
+    activate = re.search(r"(^|&& |; )(\.|source) \.venv/bin/activate", setup, re.M)
+    assert activate, "the venv is not activated"
     assert venv < setup.index("<!-- ci:setup:begin -->")
     assert ".venv/" in (ROOT / ".gitignore").read_text().splitlines()
 
 
 def test_ci_setup_lines_run_one_by_one():
-    """.ci/run gives each line its own bash: no continuation lines, no cd or activation to carry over."""
+    """.ci/run gives each line its own bash: no continuation lines, no cd or activation to carry."""
     commands = ci_setup_commands()
     assert any(c.startswith("pip install -e") for c in commands)
     assert any(c.startswith("python compare.py") for c in commands)
@@ -87,9 +89,11 @@ def test_the_cuda_pick_follows_nvidia_smi(tmp_path, smi_output, extra):
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     echo = "echo " + install_line().removeprefix("pip install -e ").split("#")[0]
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
-    out = subprocess.run(["bash", "-c", echo], env=env, capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(["bash", "-c", echo], env=env, capture_output=True, text=True,
+                         check=True).stdout
     assert out.strip() == f".[{extra}]"
-    assert re.search(rf"^{extra} = ", (ROOT / "pyproject.toml").read_text(), re.M), f"no extra {extra} in pyproject.toml"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(rf"^{extra} = ", pyproject, re.M), f"no extra {extra} in pyproject.toml"
 
 
 def glossary() -> str:
@@ -99,12 +103,13 @@ def glossary() -> str:
 @pytest.mark.parametrize("family", [*registry.FAMILIES, registry.USER_FAMILY])
 def test_every_family_is_in_the_glossary(family):
     rows = [line for line in glossary().splitlines() if line.startswith("| `")]
-    assert any(f"`{family}`" in line.split(" | ")[0] for line in rows), f"family {family!r} not in the glossary"
+    named = any(f"`{family}`" in line.split(" | ")[0] for line in rows)
+    assert named, f"family {family!r} not in the glossary"
 
 
 @pytest.mark.parametrize("layout", vocabulary.LAYOUTS)
 def test_every_layout_is_in_the_glossary(layout):
-    assert re.search(rf"^\| `{layout}` \|", glossary(), re.M), f"layout {layout!r} not in the glossary"
+    assert re.search(rf"^\| `{layout}` \|", glossary(), re.M), f"layout {layout!r} not defined"
 
 
 # The fields of RopeCase that give no tag (they make the title, or are not shown), and one
@@ -138,14 +143,14 @@ def case_tags() -> set[str]:
 
 def test_every_case_field_is_known():
     fields = {f.name for f in dataclasses.fields(RopeCase)}
-    assert fields == UNTAGGED | set(VARIANTS), "a RopeCase field changed: update VARIANTS and the glossary's tags"
+    assert fields == UNTAGGED | set(VARIANTS), "a RopeCase field changed: update VARIANTS, tags"
 
 
 @pytest.mark.parametrize("tag", sorted(case_tags()))
 def test_every_case_tag_is_defined(tag):
     """A tag's numbers may differ in the glossary (R=64 for R=16); its words may not."""
     pattern = re.sub(r"\\?\d[\d.e+]*", r"[\\d.e+]+", re.escape(tag))
-    assert re.search(rf"`{pattern}`", glossary()), f"case tag {tag!r} is not defined in the glossary"
+    assert re.search(rf"`{pattern}`", glossary()), f"case tag {tag!r} is not in the glossary"
 
 
 def sample_output() -> tuple[list[str], list[str]]:
@@ -160,8 +165,8 @@ def sample_output() -> tuple[list[str], list[str]]:
 def test_the_sample_output_is_what_a_cpu_run_prints():
     argv, shown = sample_output()
     assert len(shown) >= 5 and shown[0].startswith("No CUDA GPU found")
-    proc = subprocess.run([sys.executable, "compare.py", *argv], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "compare.py", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[:len(shown)] == shown
 

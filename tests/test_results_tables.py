@@ -16,7 +16,7 @@ def test_committed_tables_match_their_data(doc):
     regenerated = rt.regenerate(text, TABLES)
     stale = [n for n in rt.quoted(text)
              if f"<!-- table:{n} -->\n{rt.render(n, TABLES)}<!-- /table -->" not in text]
-    assert regenerated == text, f"{doc}: tables {stale} differ from their data; run python -m tools.results_tables"
+    assert regenerated == text, f"{doc}: {stale} differ from data: python -m tools.results_tables"
 
 
 @pytest.mark.parametrize("name", sorted(TABLES))
@@ -24,22 +24,24 @@ def test_data_file_states_its_run(name):
     spec = TABLES[name]
     source = TABLES[spec["view"]["source"]] if "view" in spec else spec
     for key in PROVENANCE:
-        assert source.get(key), f"{name}: no {key} (write 'not recorded' when the run did not record it)"
+        assert source.get(key), f"{name}: no {key} (write 'not recorded' where the run has none)"
     assert re.fullmatch(r"2026-\d\d-\d\d|not recorded", source["date"]), source["date"]
     if "view" not in spec:
         width = len(spec["columns"])
-        assert all(len(r) == width for r in spec["rows"]), f"{name}: a row's width is not the header's"
+        assert all(len(r) == width for r in spec["rows"]), f"{name}: a row's width differs"
 
 
 def test_every_data_file_is_quoted():
-    """A data file no document quotes is stale; DESIGN.md's ablation table is quoted once its markers land."""
-    quoted = {n for doc in rt.DOCUMENTS for n in rt.quoted((rt.ROOT / doc).read_text(encoding="utf-8"))}
-    unquoted = {n for n in TABLES if n not in quoted and TABLES[n].get("document") != "ports/fastrope/DESIGN.md"}
+    """A data file no document quotes is stale. DESIGN.md's tables count once its markers are in."""
+    texts = [(rt.ROOT / doc).read_text(encoding="utf-8") for doc in rt.DOCUMENTS]
+    quoted = {n for text in texts for n in rt.quoted(text)}
+    design = "ports/fastrope/DESIGN.md"
+    unquoted = {n for n in TABLES if n not in quoted and TABLES[n].get("document") != design}
     assert not unquoted, f"data files no document quotes: {sorted(unquoted)}"
 
 
 def test_a_changed_cell_is_caught():
-    """The check can fail: one edited cell makes the regenerated text differ from the committed one."""
+    """The check can fail: one edited cell makes the regenerated text differ."""
     name = next(n for n in TABLES if "view" not in TABLES[n])
     edited = json.loads(json.dumps(TABLES))
     edited[name]["rows"][0][-1] += "0"
@@ -65,7 +67,7 @@ def test_check_mode_reports_stale(tmp_path, monkeypatch, capsys):
 
 
 def notebook_headings() -> list[str]:
-    """results/README.md's '## ' and '### ' headings after its contents list, outside code blocks."""
+    """results/README.md's '## ' and '### ' headings after its contents, outside code blocks."""
     text = (rt.ROOT / "results" / "README.md").read_text(encoding="utf-8")
     body = text[text.index("\n## Contents\n") + 1:]
     headings, in_code = [], False
@@ -101,4 +103,4 @@ def test_notebook_contents_lists_every_section():
 
 def test_notebook_calls_nothing_final():
     text = (rt.ROOT / "results" / "README.md").read_text(encoding="utf-8")
-    assert not re.search(r"\bfinal\b", text, re.I), "a run called final goes stale with the next commit"
+    assert not re.search(r"\bfinal\b", text, re.I), "a run called final is stale at the next commit"

@@ -40,7 +40,8 @@ _RULE = {"": "---", "left": ":---", "right": "---:", "center": ":---:"}
 
 def load(data_dir: Path = DATA) -> dict[str, dict]:
     """Every data file by its stem."""
-    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in sorted(data_dir.glob("*.json"))}
+    paths = sorted(data_dir.glob("*.json"))
+    return {p.stem: json.loads(p.read_text(encoding="utf-8")) for p in paths}
 
 
 def _row(cells: list[str]) -> str:
@@ -74,7 +75,9 @@ def render(name: str, tables: dict[str, dict]) -> str:
     else:
         columns, rows = spec["columns"], spec["rows"]
         align = spec.get("align") or [""] * len(columns)
-    lines = [textwrap.fill(caption, 110, break_long_words=False, break_on_hyphens=False), ""] if caption else []
+    lines = []
+    if caption:  # wrapped: the README keeps prose lines short
+        lines = [textwrap.fill(caption, 110, break_long_words=False, break_on_hyphens=False), ""]
     lines += [_row(columns), _row([_RULE[a] for a in align])] + [_row(r) for r in rows]
     return "\n".join(lines) + "\n"
 
@@ -112,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             if not args.check:
                 path.write_text(new, encoding="utf-8")
     if args.check and stale:
-        print(f"stale tables in {', '.join(stale)}: run python -m tools.results_tables", file=sys.stderr)
+        print(f"stale tables in {', '.join(stale)}: run python -m tools.results_tables",
+              file=sys.stderr)
         return 1
     print(f"{'stale' if args.check else 'rewrote'}: {', '.join(stale) or 'none'}")
     return 0
