@@ -118,30 +118,6 @@ def test_readme_example_finishes_quickly_on_a_cpu(example, example_dir):
     assert seconds < EXAMPLE_SECONDS
 
 
-def file_map() -> str:
-    """The README's file map: the fenced block under its "## Files" heading."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Files"):]
-    return section.split("```")[1]
-
-
-def test_every_file_and_folder_is_in_the_readme_file_map():
-    proc = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip("not a git checkout: no list of tracked files to compare with")
-    listed = set(re.findall(r"[\w.\-]+/?", file_map()))
-    missing = set()
-    for path in proc.stdout.split():
-        parts = Path(path).parts
-        if parts[0].startswith(".") and parts[0] not in (".ci", ".gitignore"):
-            continue  # hidden folders a tool keeps beside the checkout (e.g. carried wheels)
-        for i, part in enumerate(parts):
-            name = part + ("/" if i < len(parts) - 1 else "")
-            if name not in listed and f"{'/'.join(parts[:i + 1])}" not in file_map():
-                missing.add("/".join(parts[:i + 1]) + ("/" if i < len(parts) - 1 else ""))
-    assert not missing, f"not in README's file map: {sorted(missing)}"
-
-
 def test_the_readme_is_a_guide_not_a_notebook():
     lines = (ROOT / "README.md").read_text().splitlines()
     assert len(lines) <= 250
