@@ -26,8 +26,8 @@ PACKAGES = ("eager", "te", "leetcuda", "apex", "paddle", "oneflow", "te_triton",
             "kernl", "vllm_port", "fastrope", "peers")
 # Every spec's family is one of these; fastrope-ablation's variants run only when named.
 FAMILIES = ("eager", "leetcuda", "apex", "te", "paddle", "oneflow", "te_triton", "batch_reuse",
-            "kernl", "vllm_port", "fastrope", "fastrope-ablation", "liger", "flash_attn", "flashinfer",
-            "transformer_engine", "vllm")
+            "kernl", "vllm_port", "fastrope", "fastrope-ablation", "liger", "flash_attn",
+            "flashinfer", "transformer_engine", "vllm")
 USER_FAMILY = "user"  # the family of rows added by add() (compare.py --impl, entry points)
 PEERS_WORD = "peers"  # selects every spec of kind "peer": the libraries and the user's rows
 BACKENDS = ("torch", "cupy", "triton")

@@ -1,6 +1,7 @@
 """vLLM's rotary embedding CUDA op, ported as a CuPy RawKernel: ``rotary_embedding``.
 
-Upstream: ``vllm-project/vllm@0f5257e245116449bfbe78a87c22aeef632eba8f:csrc/pos_encoding_kernels.cu``
+Upstream:
+``vllm-project/vllm@0f5257e245116449bfbe78a87c22aeef632eba8f:csrc/pos_encoding_kernels.cu``
 (kernel and host function; Apache-2.0), the op behind ``vllm._custom_ops.rotary_embedding``.
 Written anew from the design, not copied. The package is ``ports.vllm_port`` (rows
 ``vllm_port.*``, family ``vllm_port``) so that neither its import path nor its row names can be

@@ -3,11 +3,12 @@
 Inputs are those the installed op gets as the peer row ``vllm.rotary_embedding``
 (:mod:`ports.peers.canonical`), so the two rows compare on equal inputs: per-token int64
 positions (the case's, flattened), tokens as ``[T, h, d]`` views (bshd's ``b, s`` flattened; thd as
-is). The port also takes sbhd, flattened ``s, b`` with the positions in that order (the op takes
-tokens in any order); bhsd it cannot take without a copy (tokens share no one stride), and the case's own tables as ``cat(cos_half, sin_half)`` ``[L, R]`` in the case's cos/sin dtype
+is), and the case's own tables as ``cat(cos_half, sin_half)`` ``[L, R]`` in the case's cos/sin dtype
 (built once in ``prepare``, as a model builds its cache once). q and k go in one launch; the op is
 in place, so it runs on copies made in ``prepare``. Unlike the Python layer of vLLM, which casts the
 cache to x's dtype, the op takes an fp32 cache with fp16/bf16 x, so fp32 tables are accepted too.
+The port also takes sbhd, flattened ``s, b`` with the positions in that order (the op takes
+tokens in any order); bhsd it cannot take without a copy (no one stride walks its tokens).
 """
 from __future__ import annotations
 
