@@ -41,7 +41,7 @@ def check_positions(positions: torch.Tensor, max_position: int) -> None:
     Reads the positions on the host: one reduction and a device sync."""
     if positions.numel() == 0:
         return
-    lo, hi = (int(v) for v in torch.aminmax(positions))
+    lo, hi = torch.stack(torch.aminmax(positions)).tolist()  # one copy to the host
     if lo < 0 or hi >= max_position:
         raise ValueError(f"positions span [{lo}, {hi}] but cos_sin_cache has {max_position} rows "
                          f"(valid positions are 0..{max_position - 1}); the original would read "
