@@ -26,13 +26,13 @@ What the original does, kept here:
 Departures, each refusing an input the original would mishandle (ValueError/TypeError before
 any launch), or bounding one it would read out of bounds:
 
-* positions outside ``[0, max_position)`` (the original reads past ``cos_sin_cache``): refused by
-  a host check that reads the positions (an ``aminmax`` launch and one device-to-host copy that
-  waits for the stream: tens of microseconds, more than a decode step's whole kernel;
+* positions outside ``[0, max_position)`` (the original reads past ``cos_sin_cache``): refused by a
+  host check that reads the positions (an ``aminmax`` launch and one device-to-host copy that waits
+  for the stream: tens of microseconds, more than a decode step's whole kernel;
   ``check_positions_on_host=False`` skips it for trusted positions). While the current stream
-  captures a CUDA graph the check is skipped (a capture allows no sync), and the kernel's own bound applies instead: it takes ``max_position``
-  and writes NaN to the rotated channels of a token whose position is out of range, so a bad
-  position is visible and never a stray read;
+  captures a CUDA graph the check is skipped (a capture allows no sync), and the kernel's own bound
+  applies instead: it takes ``max_position`` and writes NaN to the rotated channels of a token whose
+  position is out of range, so a bad position is visible and never a stray read;
 * positions must be int64 and contiguous, ``cos_sin_cache`` contiguous and 2-D (the kernel reads
   both densely whatever their strides), ``rot_dim`` even and > 0;
 * key must have query's dtype, and (with more than one head) query's head stride (the kernel steps
