@@ -36,3 +36,11 @@ def half_width_tables(case: RopeCase, inputs: RopeInputs) -> tuple[torch.Tensor,
 def per_tensor(fn: Callable[[torch.Tensor], torch.Tensor]) -> Forward:
     """Apply a one-tensor function to each tensor of the case, one call each."""
     return lambda xs: tuple(fn(x) for x in xs)
+
+
+def in_place_call(case: RopeCase, inputs: RopeInputs, rotate: Forward):
+    """A zero-argument call of an in-place ``rotate(buffers)`` on copies of the case's tensors
+    made here, forward only: the first call is the one validated; later (timed) calls rotate the
+    same buffers again."""
+    buffers = [x.clone() for x in inputs.xs]
+    return lambda: tuple(rotate(buffers))

@@ -39,7 +39,7 @@ COS_SIN_DTYPES = ("fp32", "fp64", "same")
 POSITION_KINDS = ("arange", "offset", "ids")
 SUITES = ("smoke", "crossval", "leetcuda_table", "decode", "anchors", "prefill", "qkv", "partial",
           "interleaved", "positions", "varlen", "gqa", "long", "apex", "ablation", "peers",
-          "te_sweep", "batch_reuse_sweep", "batch_reuse_sweep_full")
+          "serving", "te_sweep", "batch_reuse_sweep", "batch_reuse_sweep_full")
 # Earlier suite names (named after the seed documents they come from), still accepted.
 SUITE_ALIASES = {"seed000": "te_sweep", "seed001": "leetcuda_table", "seed002": "batch_reuse_sweep",
                  "seed002_full": "batch_reuse_sweep_full"}

@@ -187,6 +187,35 @@ def peers() -> list[RopeCase]:
             dec]
 
 
+def serving() -> list[RopeCase]:
+    """The serving frameworks' shapes: q with a GQA k rotated together, NeoX unless named, bshd,
+    tables in x's dtype (vLLM's cache form) unless named fp32 (FlashInfer's cache must be fp32).
+    27 cases:
+
+    * decode (one token per sequence at its own position in a 4k context), 32 q / 8 kv heads,
+      bf16: head size 64, 80, 128 and 256 x b = 1, 64 and 256 (12); at head size 128 and b = 64:
+      64/8 heads, fp16, fp32, and fp32 tables (4);
+    * prefill, 32 q / 8 kv heads, bf16: 1 x 4096 tokens at head size 64, 80, 128 and 256 (4);
+      1 x 32768 at head size 80 and 128, and 64/8 heads at 128 (3); at head size 128: 4 x 1024
+      in fp16, 1 x 4096 in fp32, GPT-J pairs, and fp32 tables (4).
+    """
+    dec = RopeCase(64, 1, 32, 128, dtype="bf16", cos_sin_dtype="same", kv_heads=8,
+                   positions="offset", max_position=4096, label="serving decode")
+    pre = RopeCase(1, 4096, 32, 128, dtype="bf16", cos_sin_dtype="same", kv_heads=8,
+                   label="serving prefill")
+    head_sizes = (64, 80, 128, 256)
+    return [
+        *(dec.replace(batch=b, head_dim=d) for d in head_sizes for b in (1, 64, 256)),
+        dec.replace(heads=64), dec.replace(dtype="fp16"), dec.replace(dtype="fp32"),
+        dec.replace(cos_sin_dtype="fp32"),
+        *(pre.replace(head_dim=d) for d in head_sizes),
+        pre.replace(seqlen=32768, head_dim=80), pre.replace(seqlen=32768),
+        pre.replace(seqlen=32768, heads=64),
+        pre.replace(batch=4, seqlen=1024, dtype="fp16"), pre.replace(dtype="fp32"),
+        pre.replace(style="interleaved"), pre.replace(cos_sin_dtype="fp32"),
+    ]
+
+
 # Suites whose forward cases compare.py also times as CUDA-graph replays, --graph or not.
 GRAPH_SUITES = ("peers",)
 
@@ -207,6 +236,7 @@ SUITES: dict[str, Callable[[], list[RopeCase]]] = {
     "apex": apex,
     "ablation": ablation,
     "peers": peers,
+    "serving": serving,
 }
 
 
