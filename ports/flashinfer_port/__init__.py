@@ -183,6 +183,8 @@ def _heads_view(x: torch.Tensor, head_size: int) -> torch.Tensor:
     if x.dim() < 2:
         raise ValueError(f"query/key must be (nnz, heads * head_size) or (nnz, heads, head_size), "
                          f"got shape {tuple(x.shape)}")
+    if x.dim() == 3 and x.shape[2] == head_size:
+        return x
     if x.numel() % max(x.shape[0], 1) or (x.numel() // max(x.shape[0], 1)) % head_size:
         raise ValueError(f"query/key of shape {tuple(x.shape)} is not a whole number of heads of "
                          f"head_size {head_size}")

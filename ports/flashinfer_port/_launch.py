@@ -138,12 +138,13 @@ def _check_qk(q: torch.Tensor, k: torch.Tensor) -> tuple[int, int, int, int]:
     return nnz, q.size(1), k.size(1), head_dim
 
 
-def _check_vectors(tensors: dict[str, torch.Tensor], vec_bytes: int = 16) -> None:
+def _check_vectors(tensors: dict[str, torch.Tensor], vec_bytes: int = 16, outer: int = 2) -> None:
     """Added: the kernels move each thread's vector with 16-byte loads and stores, so every
-    base address and token/head stride must be 16-byte aligned (the original faults)."""
+    base address and the ``outer`` leading strides (token and head; a cache's row) must be
+    16-byte aligned (the original faults)."""
     for name, t in tensors.items():
         item = t.element_size()
-        if t.data_ptr() % vec_bytes or any((s * item) % vec_bytes for s in t.stride()[:2]):
+        if t.data_ptr() % vec_bytes or any((s * item) % vec_bytes for s in t.stride()[:outer]):
             raise ValueError(f"{name} must be {vec_bytes}-byte aligned with token and head strides "
                              f"in multiples of {vec_bytes // item} elements (the kernel's vector "
                              f"loads); got address {t.data_ptr():#x}, strides {t.stride()}")
@@ -295,7 +296,7 @@ def batch_qk_apply_rotary_cos_sin_cache(q, k, q_rope, k_rope, cos_sin_cache, pos
         raise ValueError(f"head_dim ({head_dim}) must be >= rotary_dim ({rotary_dim})")
     _check_rotary_dim(rotary_dim, head_dim, vec_size, interleave)
     _check_vectors({"q": q, "k": k, "q_rope": q_rope, "k_rope": k_rope})
-    _check_vectors({"cos_sin_cache": cos_sin_cache})
+    _check_vectors({"cos_sin_cache": cos_sin_cache}, outer=1)
     # Added: int32 positions form the row offset pos * rotary_dim in 32 bits.
     if pos_ids.dtype == torch.int32 and rows * rotary_dim > UINT32_MAX:
         raise NotImplementedError(f"a {rows} x {rotary_dim} cache overflows the 32-bit row offset "

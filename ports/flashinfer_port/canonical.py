@@ -6,9 +6,13 @@ The inputs are those ``ports/peers/canonical.py`` gives the installed ``flashinf
 same table form, so a port row and its peer row compare on equal inputs: q and k as ``(tokens,
 heads, head_dim)`` views (bshd flattened, thd as is; cut from a packed qkv when the case is not
 contiguous); ``indptr`` from ``cu_seqlens`` (thd) or one segment per sequence, ``offsets`` and
-``pos_ids`` as int32; the cache as ``cat(cos, sin)`` of the case's half-width fp32 tables. The
+``pos_ids`` as int32; the cache as ``cat(cos, sin)`` of the case's half-width tables in fp32
+(FlashInfer takes only fp32; tables in x's fp16/bf16 widen to it exactly, so those cases run on
+the same table values as the others, where the installed peer row refuses them). The
 computed-angle rows compute their own angles from ``rope_theta`` (``__powf`` / ``__sincosf``).
-In-place rows run on copies made in ``prepare``: the first call is the one validated.
+In-place rows run on copies made in ``prepare``: the first call is the one validated. A case
+without k (``kv_heads`` None) passes a k of 0 heads, which the original's API accepts (the
+kernels loop over, or launch blocks for, no k heads); the installed peer rows need a k.
 """
 from __future__ import annotations
 
@@ -26,8 +30,6 @@ TOKEN_LAYOUTS = frozenset({"bshd", "thd"})
 
 
 def _limits(case: RopeCase) -> str | None:
-    if case.kv_heads is None:
-        return "rotates q and k in one call: needs a k (kv_heads)"
     if case.with_v:
         return "rotates q and k only (no v)"
     if case.head_dim not in HEAD_DIMS:
@@ -37,8 +39,8 @@ def _limits(case: RopeCase) -> str | None:
     step = vec_size if case.style == "interleaved" else 2 * vec_size
     if case.rot_dim % step:
         return f"rotary_dim must be a multiple of {step} (whole {vec_size}-element vectors)"
-    if case.heads + case.kv_heads > MAX_GRID_Y:
-        return f"{case.heads + case.kv_heads} heads exceed the head-parallel grid's y limit"
+    if case.heads + (case.kv_heads or 0) > MAX_GRID_Y:
+        return f"{case.heads + (case.kv_heads or 0)} heads exceed the head-parallel grid's y limit"
     return None
 
 
@@ -66,17 +68,20 @@ def _prepare(form: str, inplace: bool):
             call = lambda q, k: fn(q, k, pos_ids, **computed)  # noqa: E731
         else:
             half = lambda t: first_members(t, case.style)  # noqa: E731
-            cache = torch.cat([half(inputs.cos), half(inputs.sin)], dim=-1).contiguous()
+            cache = torch.cat([half(inputs.cos), half(inputs.sin)], dim=-1).to(torch.float32)
+            cache = cache.contiguous()
             positions = inputs.positions.reshape(-1)
             fn = (fi.apply_rope_with_cos_sin_cache_inplace if inplace
                   else fi.apply_rope_with_cos_sin_cache)
 
-            def call(q, k):
-                return fn(positions, q.flatten(-2), k.flatten(-2), case.head_dim, cache,
-                          is_neox=not interleave)
+            def call(q, k):  # k of 0 heads stays 3-D: a 0-element view cannot infer its heads
+                return fn(positions, q.flatten(-2), k if k.size(1) == 0 else k.flatten(-2),
+                          case.head_dim, cache, is_neox=not interleave)
 
         def rotate(xs):
-            q, k = (_token_view(case, x) for x in xs)
+            q = _token_view(case, xs[0])
+            k = (_token_view(case, xs[1]) if len(xs) > 1
+                 else q.new_empty((q.shape[0], 0, case.head_dim)))
             outs = call(q, k)
             outs = (q, k) if inplace else outs
             return tuple(o.view(x.shape) for o, x in zip(outs, xs))
@@ -116,7 +121,7 @@ def _specs() -> list[ImplSpec]:
                 name=f"flashinfer_port.{short}{'_inplace' if inplace else ''}",
                 summary=f"FlashInfer port {short}{' (in place)' if inplace else ''}: {what}",
                 prepare=_prepare(form, inplace), positions=positions, table_source=source,
-                table_dtypes=None if computed else frozenset({"fp32"}),
+                table_dtypes=None if computed else frozenset({"fp32", "same"}),
                 angle_rel_err=ANGLE_REL_ERR_FAST_MATH if computed else 0.0, launch=launch,
                 math=("fp32; angles from rope_theta with __powf / __sincosf (fast math)"
                       if computed else "fp32; cat(cos, sin) fp32 cache rows"),
