@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import torch
 
+from ports import _alloc
 from ports.flashinfer_port._launch import (
     batch_qk_apply_rotary, batch_qk_apply_rotary_cos_sin_cache, batch_qk_apply_rotary_pos_ids,
     rope_parameters,
@@ -72,6 +73,17 @@ UPSTREAM = ("flashinfer-ai/flashinfer@fb28d7242b35:include/flashinfer/pos_enc.cu
             "csrc/rope.cu, flashinfer/rope.py)")
 LLAMA31_DEFAULTS = dict(rope_scale=8.0, rope_theta=5e5, low_freq_factor=1.0, high_freq_factor=4.0,
                         old_context_len=8192)
+
+
+def _empty_like(t: torch.Tensor) -> torch.Tensor:
+    """``torch.empty_like`` (the original's allocation: a dense input's strides are kept),
+    NaN-filled inside :func:`ports._alloc.poisoned`."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"expected a torch.Tensor, got {type(t).__name__}")
+    out = torch.empty_like(t)
+    if _alloc.poisoning():
+        out.fill_(float("nan"))
+    return out
 
 
 def _rotary_dim(q: torch.Tensor, rotary_dim: int | None) -> int:
@@ -100,7 +112,7 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: 
                rotary_dim: int | None = None, interleave: bool = False, rope_scale: float = 1,
                rope_theta: float = 1e4) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`apply_rope_inplace` into new tensors ``(q_rope, k_rope)`` (``torch.empty_like``)."""
-    q_rope, k_rope = torch.empty_like(q), torch.empty_like(k)
+    q_rope, k_rope = _empty_like(q), _empty_like(k)
     batch_qk_apply_rotary(q, k, q_rope, k_rope, indptr, offsets, _rotary_dim(q, rotary_dim),
                           interleave, rope_parameters(rope_scale, rope_theta))
     return q_rope, k_rope
@@ -123,7 +135,7 @@ def apply_llama31_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
                        low_freq_factor: float = 1, high_freq_factor: float = 4,
                        old_context_len: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`apply_llama31_rope_inplace` into new tensors ``(q_rope, k_rope)``."""
-    q_rope, k_rope = torch.empty_like(q), torch.empty_like(k)
+    q_rope, k_rope = _empty_like(q), _empty_like(k)
     batch_qk_apply_rotary(q, k, q_rope, k_rope, indptr, offsets, _rotary_dim(q, rotary_dim),
                           interleave, _llama31(rope_scale, rope_theta, low_freq_factor,
                                                high_freq_factor, old_context_len))
@@ -145,7 +157,7 @@ def apply_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
                        rope_scale: float = 1, rope_theta: float = 1e4
                        ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`apply_rope_pos_ids_inplace` into new tensors ``(q_rope, k_rope)``."""
-    q_rope, k_rope = torch.empty_like(q), torch.empty_like(k)
+    q_rope, k_rope = _empty_like(q), _empty_like(k)
     batch_qk_apply_rotary_pos_ids(q, k, q_rope, k_rope, pos_ids, _rotary_dim(q, rotary_dim),
                                   interleave, rope_parameters(rope_scale, rope_theta))
     return q_rope, k_rope
@@ -168,7 +180,7 @@ def apply_llama31_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.
                                low_freq_factor: float = 1, high_freq_factor: float = 4,
                                old_context_len: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`apply_llama31_rope_pos_ids_inplace` into new tensors ``(q_rope, k_rope)``."""
-    q_rope, k_rope = torch.empty_like(q), torch.empty_like(k)
+    q_rope, k_rope = _empty_like(q), _empty_like(k)
     batch_qk_apply_rotary_pos_ids(q, k, q_rope, k_rope, pos_ids, _rotary_dim(q, rotary_dim),
                                   interleave, _llama31(rope_scale, rope_theta, low_freq_factor,
                                                        high_freq_factor, old_context_len),
@@ -203,7 +215,7 @@ def apply_rope_with_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, 
     if isinstance(cos_sin_cache, torch.Tensor) and cos_sin_cache.dtype != torch.float32:
         raise ValueError("cos_sin_cache should be float32")
     q, k = _heads_view(query, head_size), _heads_view(key, head_size)
-    query_out, key_out = torch.empty_like(query), torch.empty_like(key)
+    query_out, key_out = _empty_like(query), _empty_like(key)
     batch_qk_apply_rotary_cos_sin_cache(q, k, _heads_view(query_out, head_size),
                                         _heads_view(key_out, head_size), cos_sin_cache,
                                         positions, not is_neox)

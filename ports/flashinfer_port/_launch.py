@@ -164,6 +164,14 @@ def _check_rotary_dim(rotary_dim, head_dim: int, vec_size: int, interleave: bool
                          + ("" if interleave else " and its partner vector sits R/2 away"))
 
 
+def check_row_offset(rows: int, rotary_dim: int, pos_dtype: torch.dtype) -> None:
+    """Added: int32 positions form the cache row offset ``pos * rotary_dim`` in 32 bits
+    (unsigned); the last row's, ``(rows - 1) * rotary_dim``, must fit."""
+    if pos_dtype == torch.int32 and (rows - 1) * rotary_dim > UINT32_MAX:
+        raise NotImplementedError(f"a {rows} x {rotary_dim} cache overflows the 32-bit row offset "
+                                  "of int32 positions; pass int64 positions")
+
+
 def _check_index(t: torch.Tensor, name: str, count: int | None = None) -> None:
     _cupy.check_tensor(t, name)
     check_rank(t, name, 1)
@@ -297,10 +305,7 @@ def batch_qk_apply_rotary_cos_sin_cache(q, k, q_rope, k_rope, cos_sin_cache, pos
     _check_rotary_dim(rotary_dim, head_dim, vec_size, interleave)
     _check_vectors({"q": q, "k": k, "q_rope": q_rope, "k_rope": k_rope})
     _check_vectors({"cos_sin_cache": cos_sin_cache}, outer=1)
-    # Added: int32 positions form the row offset pos * rotary_dim in 32 bits.
-    if pos_ids.dtype == torch.int32 and rows * rotary_dim > UINT32_MAX:
-        raise NotImplementedError(f"a {rows} x {rotary_dim} cache overflows the 32-bit row offset "
-                                  "of int32 positions; pass int64 positions")
+    check_row_offset(rows, rotary_dim, pos_ids.dtype)
     # Added: a position outside the cache reads past it.
     if nnz:
         values = _host_values(pos_ids, "positions")
