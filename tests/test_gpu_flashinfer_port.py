@@ -248,3 +248,41 @@ def test_bit_for_bit_against_flashinfer(fn, interleave):
     want = getattr(lib, fn)(*args, **kw)
     got = getattr(fi, fn)(*args, **kw)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_cache_positions_under_cuda_graph_capture():
+    """The host cannot read positions while a graph is captured: the kernel bounds the cache row
+    instead (valid positions as before; one past the cache gives that token NaN, no stray read)."""
+    rows = 64
+    ang = angles(torch.arange(rows), inv_freq(128))
+    cache = torch.cat([torch.cos(ang), torch.sin(ang)], -1).float().cuda()
+    q, k = _qk(8, hq=4, hk=2)
+    pos = torch.arange(8, device="cuda") * 7
+    fn = lambda: fi.apply_rope_with_cos_sin_cache(pos, q, k, 128, cache)  # noqa: E731
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()  # warm-up (compiles) outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            q_out, k_out = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(q_out, q, inv_freq(128), pos.cpu(), "rotate_half", 128, fast_math=False)
+    pos[-1] = rows  # one past the cache
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isnan(q_out[-1]).all() and torch.isnan(k_out[-1]).all()
+    assert not torch.isnan(q_out[:-1]).any()
+
+
+def test_indptr_inside_a_capture_is_refused():
+    q, k = _qk(8, hq=4, hk=2)
+    indptr = torch.tensor([0, 8], device="cuda")
+    offsets = torch.tensor([0], device="cuda")
+    fi.apply_rope(q, k, indptr, offsets)  # warm-up outside the capture
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(NotImplementedError, match="CUDA-graph"):
+            with torch.cuda.graph(graph, stream=stream):
+                fi.apply_rope(q, k, indptr, offsets)

@@ -36,9 +36,14 @@ Departures (each refuses an input the original mishandles, unless marked "kernel
 * kernel: interleaved cache reads load the half of each cos/sin vector the rotation uses (the
   original loads a whole vector and, for a row's last thread, reads past the row: past the cache
   on its last row);
-* positions (cache path) must lie in ``[0, max_pos)`` (the original reads past the cache); the
-  port reads them on the host (a device sync) and, likewise, checks that ``indptr`` rises within
-  ``[0, nnz]``; both checks refuse to run inside a CUDA-graph capture (NotImplementedError);
+* kernel: the cache kernels take the cache's row count and give a token whose position lies
+  outside the cache NaN cos/sin instead of reading past it (reached only inside a CUDA-graph
+  capture; elsewhere the host refuses such positions first, below);
+* positions (cache path) must lie in ``[0, max_pos)`` (the original reads past the cache): the
+  host reads their range (``aminmax`` and a sync the original does not have) except during a
+  CUDA-graph capture; ``indptr`` must rise within ``[0, nnz]`` (the original reads and writes
+  outside q and k otherwise): read on the host (a sync), and refused inside a capture
+  (NotImplementedError), where it cannot be read;
 * ``pos_ids`` must have one entry per token, ``indptr`` ``batch_size + 1`` entries, all index
   tensors contiguous int32/int64 (the original reads as many as it needs);
 * ``rotary_dim`` in ``(0, head_dim]`` and a multiple of the thread's vector (``2 * vec_size``

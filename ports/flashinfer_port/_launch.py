@@ -246,7 +246,7 @@ def batch_qk_apply_rotary(q, k, q_rope, k_rope, indptr, offsets, rotary_dim: int
 
 
 def _pos_ids_launch(module, kinds: tuple[str, str], q, k, q_rope, k_rope, head_args: tuple,
-                    pos_ids, interleave: bool, rotary_dim: int, tail_args: tuple,
+                    pos_ids, pos_args: tuple, interleave: bool, rotary_dim: int, tail_args: tuple,
                     always_sequential: bool, device: int, strategy: Strategy | None) -> Strategy:
     nnz, hq, hk, head_dim = q.size(0), q.size(1), k.size(1), q.size(2)
     _, bdx, bdy = vector_layout(head_dim, q.element_size())
@@ -260,7 +260,7 @@ def _pos_ids_launch(module, kinds: tuple[str, str], q, k, q_rope, k_rope, head_a
     if nnz == 0 or hq + hk == 0:
         return strategy
     args = (_cupy.ptr(q), _cupy.ptr(k), _cupy.ptr(q_rope), _cupy.ptr(k_rope), *head_args,
-            _cupy.ptr(pos_ids), np.uint32(nnz), np.uint32(hq), np.uint32(hk),
+            _cupy.ptr(pos_ids), *pos_args, np.uint32(nnz), np.uint32(hq), np.uint32(hk),
             np.uint32(rotary_dim), *_strides(q, k, q_rope, k_rope), *tail_args)
     if strategy == "sequential":
         _cupy.launch(module, seq, device, (nblks_x,), (bdx, bdy, 1), args)
@@ -282,7 +282,7 @@ def batch_qk_apply_rotary_pos_ids(q, k, q_rope, k_rope, pos_ids, rotary_dim: int
     _check_vectors({"q": q, "k": k, "q_rope": q_rope, "k_rope": k_rope})
     device = _device(("q", q), ("k", k), ("pos_ids", pos_ids))
     return _pos_ids_launch(POS_IDS_MODULE, ("fi_pos_ids", "fi_pos_ids_head_parallel"), q, k,
-                           q_rope, k_rope, (), pos_ids, interleave, rotary_dim, params,
+                           q_rope, k_rope, (), pos_ids, (), interleave, rotary_dim, params,
                            llama31, device, strategy)
 
 
@@ -306,16 +306,21 @@ def batch_qk_apply_rotary_cos_sin_cache(q, k, q_rope, k_rope, cos_sin_cache, pos
     _check_vectors({"q": q, "k": k, "q_rope": q_rope, "k_rope": k_rope})
     _check_vectors({"cos_sin_cache": cos_sin_cache}, outer=1)
     check_row_offset(rows, rotary_dim, pos_ids.dtype)
-    # Added: a position outside the cache reads past it.
-    if nnz:
-        values = _host_values(pos_ids, "positions")
-        lo, hi = min(values), max(values)
+    if rows > UINT32_MAX:
+        raise NotImplementedError(f"a cache of {rows} rows overflows the kernel's uint32 row bound")
+    # Added: a position outside the cache would read past it. The host reads the positions'
+    # range (one small reduction and a sync); inside a CUDA-graph capture it cannot, and the
+    # kernel's own bound gives such a token NaN instead.
+    if nnz and not _capturing():
+        lo, hi = torch.aminmax(pos_ids)
+        lo, hi = int(lo), int(hi)
         if lo < 0 or hi >= rows:
             raise ValueError(f"positions span [{lo}, {hi}] but cos_sin_cache has {rows} rows")
     device = _device(("q", q), ("k", k), ("cos_sin_cache", cos_sin_cache), ("positions", pos_ids))
     return _pos_ids_launch(CACHE_MODULE, ("fi_cos_sin_cache", "fi_cos_sin_cache_head_parallel"),
-                           q, k, q_rope, k_rope, (_cupy.ptr(cos_sin_cache),), pos_ids, interleave,
-                           rotary_dim, (), False, device, strategy)
+                           q, k, q_rope, k_rope, (_cupy.ptr(cos_sin_cache),), pos_ids,
+                           (np.uint32(rows),), interleave, rotary_dim, (), False, device,
+                           strategy)
 
 
 __all__ = ["HEAD_DIMS", "INDPTR_MODULE", "POS_IDS_MODULE", "CACHE_MODULE", "vector_layout",

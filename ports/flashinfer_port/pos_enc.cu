@@ -18,9 +18,11 @@
 // * cos/sin cache: fp32 [max_pos, R], cos in the first R/2 columns and sin in the last R/2;
 //   interleaved reads cos[i / 2] ("reuse half");
 // * strides are size_t (64-bit offsets), token/head indices uint32; no shared memory anywhere.
-// Departure (kernel): the interleaved cache kernels load vec_size / 2 floats of cos and sin
+// Departures (kernel): the interleaved cache kernels load vec_size / 2 floats of cos and sin
 // instead of vec_size (the original loads vec_size and uses the first half; for the last thread
-// of a row the unused half lies past the row, and past the cache on its last row).
+// of a row the unused half lies past the row, and past the cache on its last row); the cache
+// kernels take the cache's row count (max_pos, after pos_ids) and give a token whose position
+// lies outside it NaN cos/sin instead of reading past the cache.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -364,8 +366,18 @@ __global__ void fi_indptr(DType *q, DType *k, DType *q_rope, DType *k_rope,
 template <bool interleave, uint32_t vec_size, typename IdType>
 __device__ __forceinline__ void fi_cache_row(fvec<vec_size> &cos, fvec<vec_size> &sin,
                                              const float *__restrict__ cos_sin_cache, IdType pos,
-                                             uint32_t rotary_dim) {
+                                             uint32_t rotary_dim, uint32_t max_pos) {
   const uint32_t tx = threadIdx.x;
+  // Departure: a position outside the cache (possible only where the host could not check,
+  // inside a CUDA-graph capture) gives NaN cos/sin instead of a read past the cache.
+  if (pos < 0 || (unsigned long long)pos >= max_pos) {
+#pragma unroll
+    for (uint32_t i = 0; i < vec_size; ++i) {
+      cos[i] = __int_as_float(0x7fc00000);
+      sin[i] = cos[i];
+    }
+    return;
+  }
   if (tx * vec_size < rotary_dim) {
     const int sin_offset = rotary_dim / 2;
     int vec_idx;
@@ -391,8 +403,8 @@ template <bool interleave, uint32_t head_dim, uint32_t vec_size, uint32_t bdx, t
           typename IdType>
 __global__ void fi_cos_sin_cache(DType *q, DType *k, DType *q_rope, DType *k_rope,
                                  const float *__restrict__ cos_sin_cache,
-                                 const IdType *__restrict__ pos_ids, uint32_t nnz,
-                                 uint32_t num_qo_heads, uint32_t num_kv_heads, uint32_t rotary_dim,
+                                 const IdType *__restrict__ pos_ids, uint32_t max_pos,
+                                 uint32_t nnz, uint32_t num_qo_heads, uint32_t num_kv_heads, uint32_t rotary_dim,
                                  size_t_ q_stride_n, size_t_ q_stride_h, size_t_ k_stride_n,
                                  size_t_ k_stride_h, size_t_ q_rope_stride_n,
                                  size_t_ q_rope_stride_h, size_t_ k_rope_stride_n,
@@ -402,7 +414,7 @@ __global__ void fi_cos_sin_cache(DType *q, DType *k, DType *q_rope, DType *k_rop
   if (bx * bdy + ty < nnz) {
     const uint32_t idx = bx * bdy + ty;
     const IdType pos = pos_ids[idx];
-    fi_cache_row<interleave, vec_size>(cos, sin, cos_sin_cache, pos, rotary_dim);
+    fi_cache_row<interleave, vec_size>(cos, sin, cos_sin_cache, pos, rotary_dim, max_pos);
 #pragma unroll 1
     for (uint32_t h = 0; h < num_qo_heads; ++h) {
       fi_head_cos_sin<interleave, true, vec_size, bdx>(
@@ -423,7 +435,7 @@ template <bool interleave, uint32_t head_dim, uint32_t vec_size, uint32_t bdx, t
           typename IdType>
 __global__ void fi_cos_sin_cache_head_parallel(
     DType *q, DType *k, DType *q_rope, DType *k_rope, const float *__restrict__ cos_sin_cache,
-    const IdType *__restrict__ pos_ids, uint32_t nnz, uint32_t num_qo_heads,
+    const IdType *__restrict__ pos_ids, uint32_t max_pos, uint32_t nnz, uint32_t num_qo_heads,
     uint32_t num_kv_heads, uint32_t rotary_dim, size_t_ q_stride_n, size_t_ q_stride_h,
     size_t_ k_stride_n, size_t_ k_stride_h, size_t_ q_rope_stride_n, size_t_ q_rope_stride_h,
     size_t_ k_rope_stride_n, size_t_ k_rope_stride_h) {
@@ -432,7 +444,7 @@ __global__ void fi_cos_sin_cache_head_parallel(
   if (bx * bdy + ty < nnz) {
     const uint32_t idx = bx * bdy + ty;
     const IdType pos = pos_ids[idx];
-    fi_cache_row<interleave, vec_size>(cos, sin, cos_sin_cache, pos, rotary_dim);
+    fi_cache_row<interleave, vec_size>(cos, sin, cos_sin_cache, pos, rotary_dim, max_pos);
     if (by < num_qo_heads) {
       fi_head_cos_sin<interleave, true, vec_size, bdx>(
           q + elem_offset(idx, by, q_stride_n, q_stride_h),
