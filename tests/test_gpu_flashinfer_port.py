@@ -32,6 +32,7 @@ CASES = [
     BASE.replace(positions="offset", max_position=4096),
     BASE.replace(positions="ids", max_position=4096, style="interleaved"),
     BASE.replace(contiguous=False), BASE.replace(heads=32, kv_heads=8),
+    BASE.replace(heads=5, kv_heads=3, style="interleaved"),
     BASE.replace(kv_heads=1), BASE.replace(kv_heads=None),
     BASE.replace(head_dim=64, dtype="fp16"), BASE.replace(head_dim=256, rotary_dim=128),
     BASE.replace(head_dim=512, style="interleaved"),
@@ -287,3 +288,19 @@ def test_indptr_inside_a_capture_is_refused():
             with pytest.raises(NotImplementedError, match="CUDA-graph"):
                 fi.apply_rope(q, k, indptr, offsets)
             q.add_(0)  # the capture ends with one node, as any capture may
+
+
+def test_offsets_past_int32():
+    """q of 2^31 + 32 * 128 elements (524289 tokens x 32 heads x 128, bf16, 4.3 GB), rotated in
+    place: the last token's offset is past int32, which size_t strides hold. The last tokens are
+    checked against the oracle, and the first, so a wrapped offset would show."""
+    nnz, hq, d = 2**31 // (32 * 128) + 1, 32, 128
+    q = torch.randn(nnz, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(nnz, 1, d, device="cuda", dtype=torch.bfloat16)
+    assert q.numel() > 2**31
+    pos = torch.arange(nnz, device="cuda") % 4096
+    picks = torch.tensor([0, 1, nnz - 2, nnz - 1])
+    before_q, before_k = q[picks.cuda()].clone(), k[picks.cuda()].clone()
+    fi.apply_rope_pos_ids_inplace(q, k, pos)
+    _check(q[picks.cuda()], before_q, inv_freq(128), pos[picks.cuda()].cpu(), "rotate_half", 128)
+    _check(k[picks.cuda()], before_k, inv_freq(128), pos[picks.cuda()].cpu(), "rotate_half", 128)
