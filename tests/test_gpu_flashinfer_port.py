@@ -276,21 +276,31 @@ def test_cache_positions_under_cuda_graph_capture():
     assert not torch.isnan(q_out[:-1]).any()
 
 
-def test_indptr_inside_a_capture_is_refused():
+def test_indptr_under_cuda_graph_capture():
+    """The host cannot read indptr while a graph is captured: the kernel skips a segment whose
+    bounds fall outside [0, nnz] (valid segments as before; a bad one stays poisoned, no stray
+    access)."""
     q, k = _qk(8, hq=4, hk=2)
-    indptr = torch.tensor([0, 8], device="cuda")
-    offsets = torch.tensor([0], device="cuda")
-    fi.apply_rope(q, k, indptr, offsets)  # warm-up outside the capture
+    indptr = torch.tensor([0, 3, 8], device="cuda")
+    offsets = torch.tensor([0, 100], device="cuda")
+    fi.apply_rope(q, k, indptr, offsets)  # warm-up (compiles) outside the capture
     stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
+    with torch.cuda.stream(stream), _alloc.poisoned():
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
-            with pytest.raises(NotImplementedError, match="CUDA-graph"):
-                fi.apply_rope(q, k, indptr, offsets)
-            q.add_(0)  # the capture ends with one node, as any capture may
+            q_out, k_out = fi.apply_rope(q, k, indptr, offsets)
+    graph.replay()
+    torch.cuda.synchronize()
+    pos = torch.tensor([0, 1, 2, 100, 101, 102, 103, 104])
+    _check(q_out, q, inv_freq(128), pos, "rotate_half", 128)
+    indptr[2] = 9  # past nnz: the second segment is skipped
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.isnan(q_out[3:]).all() and torch.isnan(k_out[3:]).all()
+    assert not torch.isnan(q_out[:3]).any()
 
 
-def test_offsets_past_int32():
+def test_offsets_more_than_2_31():
     """q of 2^31 + 32 * 128 elements (524289 tokens x 32 heads x 128, bf16, 4.3 GB), rotated in
     place: the last token's offset is past int32, which size_t strides hold. The last tokens are
     checked against the oracle, and the first, so a wrapped offset would show."""

@@ -39,11 +39,13 @@ Departures (each refuses an input the original mishandles, unless marked "kernel
 * kernel: the cache kernels take the cache's row count and give a token whose position lies
   outside the cache NaN cos/sin instead of reading past it (reached only inside a CUDA-graph
   capture; elsewhere the host refuses such positions first, below);
+* kernel: the indptr kernel takes nnz and leaves a segment whose bounds fall outside
+  ``[0, nnz]`` or decrease unwritten instead of reading and writing outside q and k (reached
+  only inside a CUDA-graph capture; elsewhere the host refuses such an indptr first, below);
 * positions (cache path) must lie in ``[0, max_pos)`` (the original reads past the cache): the
-  host reads their range (``aminmax`` and a sync the original does not have) except during a
-  CUDA-graph capture; ``indptr`` must rise within ``[0, nnz]`` (the original reads and writes
-  outside q and k otherwise): read on the host (a sync), and refused inside a capture
-  (NotImplementedError), where it cannot be read;
+  host reads their range (``aminmax`` and a sync the original does not have); ``indptr`` must
+  rise within ``[0, nnz]``: read on the host (a sync). Neither is read during a CUDA-graph
+  capture, where the kernel bounds above apply instead;
 * ``pos_ids`` must have one entry per token, ``indptr`` ``batch_size + 1`` entries, all index
   tensors contiguous int32/int64 (the original reads as many as it needs);
 * ``rotary_dim`` in ``(0, head_dim]`` and a multiple of the thread's vector (``2 * vec_size``

@@ -22,7 +22,8 @@
 // instead of vec_size (the original loads vec_size and uses the first half; for the last thread
 // of a row the unused half lies past the row, and past the cache on its last row); the cache
 // kernels take the cache's row count (max_pos, after pos_ids) and give a token whose position
-// lies outside it NaN cos/sin instead of reading past the cache.
+// lies outside it NaN cos/sin instead of reading past the cache; the indptr kernel takes nnz
+// (after offsets) and skips a segment whose bounds fall outside [0, nnz] or decrease.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -320,7 +321,7 @@ template <bool interleave, uint32_t head_dim, uint32_t vec_size, uint32_t bdx, t
           typename IdType>
 __global__ void fi_indptr(DType *q, DType *k, DType *q_rope, DType *k_rope,
                           const IdType *__restrict__ indptr, const IdType *__restrict__ offsets,
-                          uint32_t batch_size, uint32_t num_qo_heads, uint32_t num_kv_heads,
+                          uint32_t nnz, uint32_t batch_size, uint32_t num_qo_heads, uint32_t num_kv_heads,
                           uint32_t rotary_dim, size_t_ q_stride_n, size_t_ q_stride_h,
                           size_t_ k_stride_n, size_t_ k_stride_h, size_t_ q_rope_stride_n,
                           size_t_ q_rope_stride_h, size_t_ k_rope_stride_n,
@@ -341,6 +342,13 @@ __global__ void fi_indptr(DType *q, DType *k, DType *q_rope, DType *k_rope,
   const size_t_ stride_h = is_q ? q_stride_h : k_stride_h;
   const size_t_ dst_stride_n = is_q ? q_rope_stride_n : k_rope_stride_n;
   const size_t_ dst_stride_h = is_q ? q_rope_stride_h : k_rope_stride_h;
+  // Departure: a segment whose bounds are not 0 <= indptr[b] <= indptr[b + 1] <= nnz (possible
+  // only where the host could not check them, inside a CUDA-graph capture) is left unwritten
+  // instead of reading and writing outside q and k.
+  if (indptr[batch_idx] < 0 || indptr[batch_idx + 1] < indptr[batch_idx] ||
+      (unsigned long long)indptr[batch_idx + 1] > nnz) {
+    return;
+  }
   const uint32_t seq_len = indptr[batch_idx + 1] - indptr[batch_idx];
   const uint32_t offset = offsets[batch_idx];
 #pragma unroll 2
