@@ -55,12 +55,17 @@ Departures (each refuses an input the original mishandles, unless marked "kernel
 * q, k, their outputs and the cache must be 16-byte aligned with token/head strides in whole
   16-byte vectors (the original's vector loads fault otherwise);
 * q and k must share a dtype (the original reinterprets k as q's type);
-* int32 positions with a cache of more than ``2^32`` elements (32-bit row offset) are refused;
+* int32 positions with a cache whose last row starts past ``2^32 - 1`` (the 32-bit row offset)
+  are refused, as are more than ``2^32 - 1`` tokens (uint32 token index) and head or segment
+  counts past the grid's limits (the original's launch fails);
 * ``rope_scale``, ``rope_theta`` must be positive and the Llama 3.1 factors satisfy
   ``0 < low < high``, ``old_context_len > 0`` (the original computes inf/NaN frequencies);
 * head sizes other than 64, 128, 256, 512 raise NotImplementedError on every path: the computed
   paths' ``DISPATCH_HEAD_DIM`` refuses them too, while the cache path routes them upstream to
   ``RopeQuantize`` (fp8 quantising RoPE kernels), which is not ported;
+* structure: the indptr kernel's q and k branches are one code path over selected pointers
+  and strides (the same per-thread work); the sequential/head-parallel switch reads this build's
+  occupancy (NVRTC's registers), so its switch point may differ from a FlashInfer wheel's;
 * not ported: ``RopeQuantize``, ``rope_quantize_fp8``, ``mla_rope_quantize_fp8``, the paged KV
   append kernels, ALiBi, and ``vec_t`` / ``DISPATCH_*`` beyond what these kernels use (``vec_t``
   is reduced to an fp32 array with 16-byte cast loads/stores); no ``register_custom_op`` /
