@@ -321,8 +321,8 @@ template <bool interleave, uint32_t head_dim, uint32_t vec_size, uint32_t bdx, t
           typename IdType>
 __global__ void fi_indptr(DType *q, DType *k, DType *q_rope, DType *k_rope,
                           const IdType *__restrict__ indptr, const IdType *__restrict__ offsets,
-                          uint32_t nnz, uint32_t batch_size, uint32_t num_qo_heads, uint32_t num_kv_heads,
-                          uint32_t rotary_dim, size_t_ q_stride_n, size_t_ q_stride_h,
+                          uint32_t nnz, uint32_t batch_size, uint32_t num_qo_heads,
+                          uint32_t num_kv_heads, uint32_t rotary_dim, size_t_ q_stride_n, size_t_ q_stride_h,
                           size_t_ k_stride_n, size_t_ k_stride_h, size_t_ q_rope_stride_n,
                           size_t_ q_rope_stride_h, size_t_ k_rope_stride_n,
                           size_t_ k_rope_stride_h, float smooth_a, float smooth_b,
