@@ -107,7 +107,7 @@ def _llama31(rope_scale, rope_theta, low_freq_factor, high_freq_factor, old_cont
                            float(old_context_len))
 
 
-# ---- indptr + offsets ---------------------------------------------------------------------------
+# ---- indptr + offsets ----------------------------------------------------------------------------
 def apply_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
                        offsets: torch.Tensor, rotary_dim: int | None = None,
                        interleave: bool = False, rope_scale: float = 1,
@@ -154,7 +154,7 @@ def apply_llama31_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
     return q_rope, k_rope
 
 
-# ---- per-token positions --------------------------------------------------------------------------
+# ---- per-token positions -------------------------------------------------------------------------
 def apply_rope_pos_ids_inplace(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.Tensor,
                                rotary_dim: int | None = None, interleave: bool = False,
                                rope_scale: float = 1, rope_theta: float = 1e4) -> None:
@@ -200,7 +200,7 @@ def apply_llama31_rope_pos_ids(q: torch.Tensor, k: torch.Tensor, pos_ids: torch.
     return q_rope, k_rope
 
 
-# ---- cos/sin cache (vLLM's signature) -------------------------------------------------------------
+# ---- cos/sin cache (vLLM's signature) ------------------------------------------------------------
 def _heads_view(x: torch.Tensor, head_size: int) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"query and key must be torch.Tensors, got {type(x).__name__}")
@@ -236,7 +236,8 @@ def apply_rope_with_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, 
 
 def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.Tensor,
                                           key: torch.Tensor, head_size: int,
-                                          cos_sin_cache: torch.Tensor, is_neox: bool = True) -> None:
+                                          cos_sin_cache: torch.Tensor, is_neox: bool = True
+                                          ) -> None:
     """:func:`apply_rope_with_cos_sin_cache`, writing into ``query`` and ``key``."""
     if not isinstance(head_size, int) or head_size <= 0:
         raise ValueError(f"head_size must be a positive int, got {head_size!r}")
