@@ -216,3 +216,51 @@ def test_rows_take_q_alone_and_x_dtype_tables():
     case = RopeCase(1, 1, 32, 128, dtype="bf16", cos_sin_dtype="same")
     for name in ("flashinfer_port.pos_ids", "flashinfer_port.cos_sin_cache_inplace"):
         assert registry.get(name).unsupported_reason(case) is None
+
+
+# ---- the kernels' index math, under a host emulation -------------------------------------------
+def _host_cuda_include() -> str | None:
+    """A CUDA include directory whose headers compile in host code (cuda_fp16.h needs crt/)."""
+    import os
+
+    from ports import _cupy
+
+    for inc in [*_cupy.cuda_include_dirs(), "/usr/local/cuda/include"]:
+        if os.path.isfile(os.path.join(inc, "crt", "host_defines.h")):
+            return inc
+    return None
+
+
+def test_kernels_under_host_emulation(tmp_path):
+    """tests/host_emulation/flashinfer_port.cpp runs every kernel of pos_enc.cu on the CPU (each
+    block and thread in turn; head sizes 64 to 512, partial rotary, both conventions, GQA, token
+    strides wider than the heads, per-token ids, three segments) against a float64 RoPE: one fp16
+    rounding at most (outputs below 4: half an fp16 step is 2^-10), and no element unwritten."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    gxx, include = shutil.which("g++"), _host_cuda_include()
+    if gxx is None or include is None:
+        pytest.skip("needs g++ and CUDA headers usable in host code (crt/host_defines.h)")
+    source = (Path(_launch.__file__).parent / "pos_enc.cu").read_text()
+    for name in ("__sincosf", "__powf", "__int_as_float"):  # host stand-ins in the .cpp
+        source = source.replace(name, "emu_" + name[2:])
+    for line in ("typedef unsigned int uint32_t;", "typedef int int32_t;",
+                 "typedef long long int64_t;"):
+        source = source.replace(line, "")  # the host's <cstdint> has them
+    kernel = tmp_path / "pos_enc_host.cu"
+    kernel.write_text(source)
+    binary = tmp_path / "emulate"
+    harness = Path(__file__).parent / "host_emulation" / "flashinfer_port.cpp"
+    build = subprocess.run([gxx, "-std=c++17", "-O1", f"-I{include}",
+                            f'-DKERNEL_SOURCE="{kernel}"', str(harness), "-o", str(binary)],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-3000:]
+    run = subprocess.run([str(binary)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    lines = [line.split() for line in run.stdout.splitlines()]
+    assert len(lines) == 4 * 5 * 2  # head sizes x kernels x conventions
+    for name, interleave, err, nans in lines:
+        assert int(nans) == 0, f"{name} interleave={interleave}: {nans} elements unwritten"
+        assert float(err) <= 2**-10 + 1e-6, f"{name} interleave={interleave}: error {err}"
