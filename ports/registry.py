@@ -23,11 +23,11 @@ if TYPE_CHECKING:
     from reference.case import RopeCase
 
 PACKAGES = ("eager", "te", "leetcuda", "apex", "paddle", "oneflow", "te_triton", "batch_reuse",
-            "kernl", "vllm_port", "sglang", "fastrope", "peers")
+            "kernl", "vllm_port", "flashinfer_port", "sglang", "fastrope", "peers")
 # Every spec's family is one of these; fastrope-ablation's variants run only when named.
 FAMILIES = ("eager", "leetcuda", "apex", "te", "paddle", "oneflow", "te_triton", "batch_reuse",
-            "kernl", "vllm_port", "sglang", "fastrope", "fastrope-ablation", "liger",
-            "flash_attn", "flashinfer", "transformer_engine", "vllm")
+            "kernl", "vllm_port", "flashinfer_port", "sglang", "fastrope", "fastrope-ablation",
+            "liger", "flash_attn", "flashinfer", "transformer_engine", "vllm")
 USER_FAMILY = "user"  # the family of rows added by add() (compare.py --impl, entry points)
 PEERS_WORD = "peers"  # selects every spec of kind "peer": the libraries and the user's rows
 BACKENDS = ("torch", "cupy", "triton")

@@ -6,7 +6,7 @@ Nothing here imports from ``ports``: the references sit at the bottom of the pac
 """
 from reference.case import RopeCase, RopeInputs, make_inputs
 from reference.oracle import apply_rope, rope_oracle, rope_oracle_backward, rotate
-from reference.tables import angles, cos_sin, inv_freq, rope_tables
+from reference.tables import angles, cos_sin, inv_freq, llama31_inv_freq, rope_tables
 
 __all__ = [
     "RopeCase",
@@ -19,5 +19,6 @@ __all__ = [
     "angles",
     "cos_sin",
     "inv_freq",
+    "llama31_inv_freq",
     "rope_tables",
 ]
