@@ -58,7 +58,7 @@ def test_parsing_imports_no_torch():
     (["--shape", "2x16x4x32", "--layout", "thd", "--seqlens", "3", "17"], ["each <= s = 16"]),
     (["--shape", "4x4096x32"], ["malformed shape"]),
     (["--layout", "nope"], ["invalid choice: 'nope'"]),
-    (["--suite", "seed004"], ["python tools/seed004_pipeline.py"]),
+    (["--suite", "seed004"], ["run compare.py --pipeline"]),
     (["--suite", "smok"], ["unknown suite 'smok'", "closest: smoke"]),
     (["--list", "--claims"], ["--list and --claims are separate modes"]),
     (["--list", "--graph"], ["--graph does not apply to --list"]),

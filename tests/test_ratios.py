@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ports.harness import cli, metrics, report, runner, timing
-from ports.harness.runner import CaseReport, Result
+from ports.harness.result import CaseReport, Result
 from reference.case import RopeCase
 
 CASE = RopeCase(1, 64, 2, 128, dtype="bf16")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import math
-import random
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -44,7 +43,8 @@ SUITES = ("smoke", "crossval", "leetcuda_table", "decode", "anchors", "prefill",
 SUITE_ALIASES = {"seed000": "te_sweep", "seed001": "leetcuda_table", "seed002": "batch_reuse_sweep",
                  "seed002_full": "batch_reuse_sweep_full"}
 MOVED_SUITES = {"seed004": "seed 004's RMSNorm + matmul + RoPE experiments are not RoPE cases: "
-                           "run python tools/seed004_pipeline.py"}
+                           "run compare.py --pipeline"}
+PIPELINE_EXPERIMENTS = ("rbe", "rmsnorm", "fused")  # ports.harness.pipeline.EXPERIMENTS
 # The modes besides "run" (--shape/--suite, the default), each with the options it reads; an
 # option no mode reads is refused rather than ignored.
 MODE_OPTIONS = {"list": ("only", "skip", "json", "verbose", "impl"),
@@ -52,7 +52,8 @@ MODE_OPTIONS = {"list": ("only", "skip", "json", "verbose", "impl"),
                 "design": ("only", "skip", "verbose", "impl"),
                 "overhead": (),
                 "accuracy": ("only", "skip", "dtype", "seed", "plot", "impl"),
-                "claims": ()}
+                "claims": (),
+                "pipeline": ("seed",)}
 MODES = tuple(MODE_OPTIONS)
 ANY_MODE = ("no_progress",)
 # What builds a --shape case; the suites fix their own.
@@ -60,7 +61,7 @@ SHAPE_OPTIONS = ("layout", "dtype", "style", "rotary_dim", "positions", "cos_sin
                  "kv_heads", "strided", "seqlens")
 
 USAGE = ("compare.py [--shape AxBxCxD | --suite NAME] [options] | --list | --summary F | "
-         "--design [F] | --accuracy | --claims | --overhead")
+         "--design [F] | --accuracy | --claims | --pipeline | --overhead")
 EXIT_NEEDS_GPU = 3
 
 
@@ -178,6 +179,10 @@ def build_parser() -> Parser:
                             "prefill suite, add each implementation's median %% of copy")
     modes.add_argument("--claims", action="store_true",
                        help="measure every quantitative claim of the seeds (needs a GPU)")
+    modes.add_argument("--pipeline", nargs="*", choices=PIPELINE_EXPERIMENTS, metavar="EXPERIMENT",
+                       help="seed 004's RMSNorm + matmul + RoPE experiments (kernl): "
+                            f"{', '.join(PIPELINE_EXPERIMENTS)} (default: all); needs a GPU to "
+                            "time, validates a tiny shape on the CPU")
     modes.add_argument("--accuracy", action="store_true",
                        help="max error against the float64 ideal by position bucket (up to 128k)")
     modes.add_argument("--overhead", action="store_true",
@@ -242,56 +247,6 @@ def check_args(args) -> None:
         if args.seqlens and (len(args.seqlens) != dims[0] or max(args.seqlens) > dims[1]):
             raise ValueError(f"--seqlens takes b = {dims[0]} lengths, each <= s = {dims[1]} "
                              f"(--shape {shape} is b x s x h x d for thd)")
-
-
-def uneven_seqlens(batch: int, max_len: int, seed: int) -> tuple[int, ...]:
-    """Deterministic uneven lengths in [1, max_len], the longest exactly max_len."""
-    rng = random.Random(seed)
-    lengths = [rng.randint(1, max_len) for _ in range(batch)]
-    lengths[rng.randrange(batch)] = max_len
-    return tuple(lengths)
-
-
-def case_from_shape(dims: tuple[int, int, int, int], layout: str, seed: int = 0,
-                    seqlens: Sequence[int] | None = None, **fields):
-    """A case from a shape in ``layout``'s order (thd takes b x s x h x d: b sequences <= s)."""
-    from reference.case import RopeCase
-
-    order = "bshd" if layout == "thd" else layout
-    size = dict(zip(order, dims))
-    if layout == "thd":
-        fields["seqlens"] = (tuple(seqlens) if seqlens
-                             else uneven_seqlens(size["b"], size["s"], seed))
-    return RopeCase(size["b"], size["s"], size["h"], size["d"], layout=layout, **fields)
-
-
-def cases_from_args(args) -> list:
-    """The ``RopeCase`` list of ``--suite`` and ``--shape`` (times dtypes, styles, directions)."""
-    from ports.harness.suites import get_suite
-
-    cases = []
-    for name in args.suite or ():
-        cases += get_suite(name)
-    directions = (["backward"] if args.backward_only
-                  else ["forward", "backward"] if args.backward else ["forward"])
-    for dims in args.shape or ():
-        for dtype in args.dtype:
-            for style in args.style:
-                for direction in directions:
-                    cases.append(case_from_shape(
-                        dims, args.layout, args.seed, args.seqlens, dtype=dtype, style=style,
-                        rotary_dim=args.rotary_dim, positions=args.positions,
-                        cos_sin_dtype=args.cos_sin_dtype, base=args.base,
-                        kv_heads=args.kv_heads, contiguous=not args.strided,
-                        direction=direction))
-    if args.suite and (args.backward or args.backward_only):
-        suite_cases = [c for c in cases if c.direction == "forward" and args.shape is None]
-        backward = [c.replace(direction="backward") for c in suite_cases]
-        if args.backward_only:  # the suites' own backward cases, then the converted ones
-            cases = [c for c in cases if c.direction == "backward"] + backward
-        else:
-            cases += backward
-    return cases
 
 
 def main(argv: Sequence[str] | None = None) -> int:

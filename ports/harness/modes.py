@@ -158,6 +158,23 @@ def claims_mode(args) -> int:
     return 0
 
 
+def pipeline_mode(args) -> int:
+    """Seed 004's RMSNorm + matmul + RoPE experiments: timed on the blog's shapes on a GPU, else
+    validated on a tiny shape under the Triton interpreter."""
+    _torch_ready()
+    from ports.harness import env, pipeline
+
+    experiments = args.pipeline or list(pipeline.EXPERIMENTS)
+    if env.has_gpu():
+        rows = pipeline.run(None, experiments, seed=args.seed)
+    else:
+        shape = pipeline.tiny_shapes()[0]
+        print(pipeline.NO_GPU_NOTE.format(hidden=shape.hidden) + "\n")
+        rows = pipeline.run([shape], experiments, seed=args.seed, device="cpu", timing_on=False)
+    print(pipeline.tables(rows))
+    return 0 if all(r.status == "ok" for r in rows) else 1
+
+
 def accuracy_mode(args) -> int:
     _torch_ready()
     from ports.harness import accuracy, env, preflight
@@ -196,7 +213,7 @@ def run_mode(args) -> int:
     from tqdm import tqdm
 
     from ports.harness import env, preflight, report
-    from ports.harness.cli import cases_from_args
+    from ports.harness.cases import cases_from_args
     from ports.harness.runner import run_case
     from ports.harness.suites import GRAPH_SUITES
 
@@ -257,4 +274,4 @@ def run_mode(args) -> int:
 
 MODES = {"list": list_mode, "summary": summary_mode, "design": design_mode,
          "overhead": overhead_mode, "claims": claims_mode, "accuracy": accuracy_mode,
-         "run": run_mode}
+         "pipeline": pipeline_mode, "run": run_mode}

@@ -10,7 +10,7 @@ import tabulate
 
 from ports._spec import ImplSpec
 from ports.harness.metrics import SUMMARY_VALUES, gbps
-from ports.harness.runner import CaseReport, Result
+from ports.harness.result import CaseReport, Result
 
 RESULT_HEADERS = ("implementation", "check", "max abs err", "max rel err", "err/tol",
                   "median us", "GB/s", "% copy", "vs eager", "÷ compile")
