@@ -63,7 +63,7 @@ import triton
 import triton.language as tl
 
 from ports import _alloc, _triton
-from ports.kernl import UPSTREAM, rbe_triton
+from ports.kernl.rbe import UPSTREAM, rbe_triton
 from reference.vocabulary import check_dtype, check_rank
 
 
