@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import math
+import shutil
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -51,7 +52,7 @@ MODE_OPTIONS = {"list": ("only", "skip", "json", "verbose", "impl"),
                 "summary": ("summary_value",),
                 "design": ("only", "skip", "verbose", "impl"),
                 "overhead": (),
-                "accuracy": ("only", "skip", "dtype", "seed", "plot", "impl"),
+                "accuracy": ("only", "skip", "dtype", "seed", "plot", "impl", "verbose"),
                 "claims": (),
                 "pipeline": ("seed",)}
 MODES = tuple(MODE_OPTIONS)
@@ -60,8 +61,10 @@ ANY_MODE = ("no_progress",)
 SHAPE_OPTIONS = ("layout", "dtype", "style", "rotary_dim", "positions", "cos_sin_dtype", "base",
                  "kv_heads", "strided", "seqlens")
 
-USAGE = ("compare.py [--shape AxBxCxD | --suite NAME] [options] | --list | --summary F | "
-         "--design [F] | --accuracy | --claims | --pipeline | --overhead")
+USAGE = ("compare.py [--shape AxBxCxD | --suite NAME] [options]\n"
+         "       compare.py --list | --summary F | --design [F] | --accuracy | --claims | "
+         "--pipeline | --overhead")
+HELP_WIDTH = 100  # --help wraps at the terminal's width, at most this (output stays <= 140)
 EXIT_NEEDS_GPU = 3
 
 
@@ -124,6 +127,12 @@ def _number(kind, low: float, what: str):
 POSITIVE_INT = _number(int, 0, "a positive integer")
 
 
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    """The epilog as written; the options wrapped at the terminal's width, at most HELP_WIDTH."""
+    width = min(shutil.get_terminal_size().columns, HELP_WIDTH) - 2
+    return argparse.RawDescriptionHelpFormatter(prog, width=width)
+
+
 def build_parser() -> Parser:
     epilog = textwrap.fill(
         f"Implementations are selected by name (compare.py --list), by family "
@@ -134,7 +143,7 @@ def build_parser() -> Parser:
     p = Parser(prog="compare.py", usage=USAGE, epilog=epilog,
                description="Cross-validate every RoPE implementation against a float64 oracle, "
                            "then time it (on an NVIDIA GPU).",
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+               formatter_class=_formatter)
     what = p.add_argument_group("what to run")
     what.add_argument("--shape", type=parse_shape, action="append", metavar="AxBxCxD",
                       help="shape in the layout's order, e.g. 4x4096x32x128 with --layout bshd "
@@ -173,7 +182,9 @@ def build_parser() -> Parser:
     modes.add_argument("--list", action="store_true", help="print the registry and exit")
     modes.add_argument("--summary", metavar="RESULTS_JSON",
                        help="pivot a --json results file: implementations x cases")
-    modes.add_argument("--summary-value", default="pct_copy", choices=SUMMARY_VALUES)
+    modes.add_argument("--summary-value", default="pct_copy", choices=SUMMARY_VALUES,
+                       metavar="VALUE", help="the value --summary pivots (default pct_copy): "
+                                             + ", ".join(SUMMARY_VALUES))
     modes.add_argument("--design", nargs="?", const="", metavar="RESULTS_JSON",
                        help="print the design-notes table; with a --json results file of the "
                             "prefill suite, add each implementation's median %% of copy")

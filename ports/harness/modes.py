@@ -195,7 +195,7 @@ def accuracy_mode(args) -> int:
                             seed=args.seed, max_position=max_position)
     print(f"## max |out - float64 ideal| by position (b=1, h=1, d=128, positions "
           f"0..{max_position - 1})")
-    print(accuracy.table(rows, max_position))
+    print(accuracy.table(rows, max_position, verbose=args.verbose))
     if args.plot:
         if not any(r.per_token is not None for r in rows):
             raise UsageError(f"--plot {args.plot}: no implementation ran, so there are no "
