@@ -108,7 +108,7 @@ def test_bad_results_files(tmp_path):
     one_line_error(compare("--summary", results_file(tmp_path, registry_rows)),
                    "rows have no 'impl' field (a --list --json registry?)")
     one_line_error(compare("--design", str(tmp_path / "nope.json")), "no such file")
-    one_line_error(compare("--summary", str(tmp_path)), "is a directory")
+    one_line_error(compare("--summary", str(tmp_path)), "is a folder")
 
 
 def test_summary_of_cpu_results_says_which_values_have_numbers(tmp_path):

@@ -26,6 +26,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 
+from ports import _impl_target
 from ports.harness import preflight
 from ports.harness.metrics import SUMMARY_VALUES
 from ports.registry import BACKENDS, FAMILIES, PEERS_WORD
@@ -102,12 +103,10 @@ def suite_name(text: str) -> str:
 
 
 def impl_target(text: str) -> str:
-    """``module:function`` (checked for its shape here; imported by the mode)."""
-    module, sep, function = text.partition(":")
-    if not sep or not module.strip() or not function.strip():
-        raise argparse.ArgumentTypeError(
-            f"--impl {text!r}: expected module:function (a colon between them), e.g. "
-            "examples.my_rope:rope_half")
+    """``module:function``, its module found but not imported (the mode imports it)."""
+    problem = _impl_target.problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
     return text
 
 
@@ -125,6 +124,17 @@ def _number(kind, low: float, what: str):
 
 
 POSITIVE_INT = _number(int, 0, "a positive integer")
+SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed takes
+
+
+def seed_value(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a seed: an integer from 0 to 2**64 - 1")
+    return value
 
 
 def _formatter(prog: str) -> argparse.HelpFormatter:
@@ -168,7 +178,7 @@ def build_parser() -> Parser:
     what.add_argument("--backward", action="store_true", help="also run the backward direction")
     what.add_argument("--backward-only", action="store_true",
                       help="run the backward direction alone (of --shape and --suite cases)")
-    what.add_argument("--seed", type=int, default=0)
+    what.add_argument("--seed", type=seed_value, default=0)
     which = p.add_argument_group("which implementations")
     which.add_argument("--only", nargs="+", metavar="NAME",
                        help="names, families or backends to run")
@@ -269,7 +279,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    problem = preflight.plot_problem(args.plot)  # before any work, not after the whole run
+    # Before any work (and before torch is imported), not after the whole run.
+    reads = {"summary": args.summary, "design": args.design or None}.get(mode)
+    problems = [preflight.plot_problem(args.plot),
+                *(preflight.output_problem(f"--{flag}", getattr(args, flag), flag != "plot")
+                  for flag in ("json", "csv", "plot")),
+                reads and preflight.results_file_problem(f"--{mode}", reads)]
+    problem = next((p for p in problems if p), None)
     if problem:
         parser.error(problem)
 

@@ -10,6 +10,8 @@ import json
 import os
 import sys
 
+from ports.harness import preflight
+
 CPU_NOTE = ("No CUDA GPU found: cross-validating what runs on the CPU (the eager references, and "
             "Triton ports under TRITON_INTERPRET=1)\non the given shapes. Timing and the CuPy "
             "ports need an NVIDIA GPU.")
@@ -70,14 +72,15 @@ def _emit(text: str, path: str) -> None:
 
 def load_rows(path: str, flag: str, keys: tuple[str, ...] = RESULT_KEYS) -> list[dict]:
     """The rows of a ``compare.py --json`` results file, or a UsageError saying what it is not."""
-    right = "give a file written by compare.py --json PATH (with --shape or --suite)"
+    right = preflight.RESULTS_HINT
+    problem = preflight.results_file_problem(flag, path)
+    if problem:
+        raise UsageError(problem)
     try:
         with open(path) as f:
             rows = json.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"{flag} {path}: no such file; {right}") from None
-    except IsADirectoryError:
-        raise UsageError(f"{flag} {path}: is a directory; {right}") from None
+    except OSError as exc:  # e.g. permission denied
+        raise UsageError(f"{flag} {path}: cannot read it ({exc.strerror}); {right}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"{flag} {path}: not JSON ({str(exc).split(':')[0]}); {right}") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
@@ -109,9 +112,12 @@ def list_mode(args) -> int:
 
 
 def summary_mode(args) -> int:
+    rows = load_rows(args.summary, "--summary")
+    if not rows:
+        raise UsageError(f"--summary {args.summary}: the file has no results (an empty list); "
+                         f"{preflight.RESULTS_HINT}")
     from ports.harness import report
 
-    rows = load_rows(args.summary, "--summary")
     has = report.values_with_numbers(rows)
     if args.summary_value not in has:
         cpu = all(str(r.get("gpu", "")).startswith("none") for r in rows)
@@ -177,7 +183,7 @@ def pipeline_mode(args) -> int:
 
 def accuracy_mode(args) -> int:
     _torch_ready()
-    from ports.harness import accuracy, env, preflight
+    from ports.harness import accuracy, env
 
     specs = _specs(args)
     targets = env.targets()
@@ -208,11 +214,14 @@ def accuracy_mode(args) -> int:
 def run_mode(args) -> int:
     """Validate (and on a GPU time) the implementations on the --shape and --suite cases."""
     if not args.shape and not args.suite:
+        if args.only or args.skip:  # a misspelt name is the first thing to fix
+            _torch_ready()
+            _specs(args)
         raise UsageError("nothing to run: give --shape or --suite (or --list)")
     _torch_ready()
     from tqdm import tqdm
 
-    from ports.harness import env, preflight, report
+    from ports.harness import env, report
     from ports.harness.cases import cases_from_args
     from ports.harness.runner import run_case
     from ports.harness.suites import GRAPH_SUITES
