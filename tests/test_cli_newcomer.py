@@ -54,6 +54,7 @@ def test_unwritable_output_paths_are_refused_before_any_work(tmp_path, argv, fla
 
 
 @pytest.mark.parametrize("argv, words", [
+    (["--suite", "smoke", "--plot", "bandwidth.xyz"], "matplotlib does not write .xyz files"),
     (["--summary", "/nonexistent.json"], "--summary /nonexistent.json: no such file"),
     (["--design", "/nonexistent.json"], "--design /nonexistent.json: no such file"),
     (["--list", "--impl", "nosuchmodule:fn"], "cannot import module 'nosuchmodule'"),

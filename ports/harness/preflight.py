@@ -34,10 +34,20 @@ def missing_package(module: str, package: str, feature: str) -> str | None:
     return None
 
 
+# The file types matplotlib's default (Agg, PDF, SVG, PS, PGF) backends write; no suffix is PNG.
+PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "eps", "ps", "jpg", "jpeg", "tif", "tiff", "webp",
+                "gif", "avif", "pgf", "raw", "rgba")
+
+
 def plot_problem(plot_path: str | None) -> str | None:
-    """Why ``--plot PATH`` cannot be honoured (matplotlib missing), or ``None``."""
+    """Why ``--plot PATH`` cannot be honoured (matplotlib missing, or a file type it does not
+    write), or ``None``."""
     if plot_path is None:
         return None
+    suffix = os.path.splitext(plot_path)[1].lower().lstrip(".")
+    if suffix and suffix not in PLOT_FORMATS:
+        return (f"--plot {plot_path}: matplotlib does not write .{suffix} files; end the path in "
+                ".png, .pdf or .svg")
     return missing_package("matplotlib", "matplotlib", "--plot")
 
 
