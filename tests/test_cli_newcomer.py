@@ -95,6 +95,15 @@ def test_summary_of_an_empty_results_file_says_it_is_empty(capsys, tmp_path):
     assert "without a GPU" not in line
 
 
+def test_summary_of_a_value_that_is_not_a_number_is_one_line(capsys, tmp_path):
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps([{"impl": "a", "case": "c", "status": "ok", "pct_copy": "abc"}]))
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--summary", str(path)])
+    line = one_line(capsys.readouterr().err)
+    assert exc.value.code == 2 and "row 0's pct_copy is 'abc', not a number" in line
+
+
 def _row(impl, dtype, errors):
     return accuracy.AccuracyRow(impl, dtype, "computed", errors)
 

@@ -116,6 +116,13 @@ def summary_mode(args) -> int:
     if not rows:
         raise UsageError(f"--summary {args.summary}: the file has no results (an empty list); "
                          f"{preflight.RESULTS_HINT}")
+    bad = next((i for i, r in enumerate(rows) if r.get(args.summary_value) is not None
+                and (isinstance(r[args.summary_value], bool)
+                     or not isinstance(r[args.summary_value], (int, float)))), None)
+    if bad is not None:
+        raise UsageError(f"--summary {args.summary}: row {bad}'s {args.summary_value} is "
+                         f"{rows[bad][args.summary_value]!r}, not a number; "
+                         f"{preflight.RESULTS_HINT}")
     from ports.harness import report
 
     has = report.values_with_numbers(rows)
