@@ -92,6 +92,15 @@ def load_rows(path: str, flag: str, keys: tuple[str, ...] = RESULT_KEYS) -> list
     return rows
 
 
+def _numbers_only(rows: list[dict], field: str, where: str) -> None:
+    """A UsageError naming the first row whose ``field`` is neither missing, null nor a number."""
+    bad = next((i for i, r in enumerate(rows) if r.get(field) is not None
+                and (isinstance(r[field], bool) or not isinstance(r[field], (int, float)))), None)
+    if bad is not None:
+        raise UsageError(f"{where}: row {bad}'s {field} is {rows[bad][field]!r}, not a number; "
+                         f"{preflight.RESULTS_HINT}")
+
+
 # ---- the modes ---------------------------------------------------------------------------------
 def list_mode(args) -> int:
     _torch_ready()
@@ -116,13 +125,7 @@ def summary_mode(args) -> int:
     if not rows:
         raise UsageError(f"--summary {args.summary}: the file has no results (an empty list); "
                          f"{preflight.RESULTS_HINT}")
-    bad = next((i for i, r in enumerate(rows) if r.get(args.summary_value) is not None
-                and (isinstance(r[args.summary_value], bool)
-                     or not isinstance(r[args.summary_value], (int, float)))), None)
-    if bad is not None:
-        raise UsageError(f"--summary {args.summary}: row {bad}'s {args.summary_value} is "
-                         f"{rows[bad][args.summary_value]!r}, not a number; "
-                         f"{preflight.RESULTS_HINT}")
+    _numbers_only(rows, args.summary_value, f"--summary {args.summary}")
     from ports.harness import report
 
     has = report.values_with_numbers(rows)
@@ -141,7 +144,9 @@ def design_mode(args) -> int:
 
     pct = None
     if args.design:
-        pct = report.prefill_pct_copy(load_rows(args.design, "--design", keys=("impl",)))
+        rows = load_rows(args.design, "--design", keys=("impl",))
+        _numbers_only(rows, "pct_copy", f"--design {args.design}")
+        pct = report.prefill_pct_copy(rows)
     print(report.design_table(_specs(args), pct, verbose=args.verbose))
     return 0
 
