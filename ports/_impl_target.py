@@ -14,8 +14,8 @@ EXAMPLE = "examples.my_rope:rope_half"
 
 def problem(target: str) -> str | None:
     """Why ``target`` cannot name a function (what is wrong and what would be right, to follow
-    ``--impl TARGET: ``), or None. The module is looked up (``importlib.util.find_spec``), not imported; a dotted name's
-    parent packages are imported by that look-up."""
+    ``--impl TARGET: ``), or None. The module is looked up (``importlib.util.find_spec``), not
+    imported; a dotted name's parent packages are imported by that look-up."""
     module, sep, function = target.partition(":")
     module, function = module.strip(), function.strip()
     if not sep or not module or not function:

@@ -15,8 +15,8 @@ from ports.harness import accuracy, cli, report
 
 ROOT = Path(__file__).resolve().parents[1]
 # Runs cli.main in a fresh interpreter and says, after it exits, whether torch was imported.
-PROBE = ("import json, sys\nfrom ports.harness import cli\ntry:\n    code = cli.main(sys.argv[1:])\n"
-         "except SystemExit as exc:\n    code = exc.code\n"
+PROBE = ("import json, sys\nfrom ports.harness import cli\ntry:\n"
+         "    code = cli.main(sys.argv[1:])\nexcept SystemExit as exc:\n    code = exc.code\n"
          "print(json.dumps({'code': code, 'torch': 'torch' in sys.modules}))")
 
 
@@ -109,7 +109,8 @@ def _row(impl, dtype, errors):
 
 
 def test_accuracy_summarises_unsupported_rows_unless_verbose():
-    rows = [_row("torch.a", "fp32", [1e-7, 2e-7]), _row("torch.a", "bf16", ["unsupported: no bf16"]),
+    rows = [_row("torch.a", "fp32", [1e-7, 2e-7]),
+            _row("torch.a", "bf16", ["unsupported: no bf16"]),
             *(_row(f"apex.k{i}", d, ["unsupported: needs an NVIDIA GPU (cupy)"])
               for i in range(3) for d in ("fp32", "bf16")),
             _row("torch.b", "fp32", ["error: RuntimeError: boom"])]
