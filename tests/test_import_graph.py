@@ -46,9 +46,9 @@ def _imported_modules(path: Path) -> set[str]:
                 module = f"{base}.{node.module}" if node.module else base
             else:
                 module = node.module or ""
-            names.add(module)
-            # ``from pkg import mod`` loads pkg/mod.py where that is a module
-            names.update(f"{module}.{alias.name}" for alias in node.names)
+            for alias in node.names:  # ``from pkg import mod`` is pkg/mod.py where that exists,
+                sub = f"{module}.{alias.name}"  # else a name defined in pkg itself
+                names.add(sub if _module_file(sub) is not None else module)
     return names
 
 
@@ -59,13 +59,7 @@ def import_graph() -> dict[str, set[str]]:
         edges = set()
         for name in _imported_modules(path):
             target = _module_file(name)
-            if target is None:
-                continue
-            if name.rpartition(".")[0] and _module_file(name.rpartition(".")[0]) == target:
-                continue  # ``from pkg import function``: already counted as pkg
-            if target.name == "__init__.py" and name.split(".")[-1] != target.parent.name:
-                continue
-            if target != path:
+            if target is not None and target != path:
                 edges.add(str(target.relative_to(ROOT)))
         graph[str(path.relative_to(ROOT))] = edges
     return graph
