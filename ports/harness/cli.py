@@ -133,7 +133,8 @@ def seed_value(text: str) -> int:
     except ValueError:
         value = None
     if value is None or not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a seed: an integer from -2**63 to 2**64 - 1")
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a seed: an integer from -2**63 to 2**64 - 1")
     return value
 
 
