@@ -1,4 +1,4 @@
-"""Your own RoPE as a row of the study, in plain torch (README.md, section compare.py, shows it).
+"""Your own RoPE as a row of compare.py, in plain torch (README.md, section compare.py, shows it).
 
 Run: ``python compare.py --suite smoke --impl examples.my_rope:rope_half``. The function takes the
 canonical inputs (ports/peers/user.py documents them) and returns the rotated tensors; ``rope_impl``

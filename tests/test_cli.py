@@ -10,7 +10,7 @@ import pytest
 
 from ports import registry
 from ports.harness import cli, report
-from ports.harness.runner import Result
+from ports.harness.result import Result
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,8 @@ def test_layout_order_of_shape(capsys):
 
 
 def test_backward_only_runs_the_backward_cases():
-    from ports.harness.cli import build_parser, cases_from_args
+    from ports.harness.cases import cases_from_args
+    from ports.harness.cli import build_parser
 
     parse = build_parser().parse_args
     both = cases_from_args(parse(["--suite", "smoke", "--backward"]))

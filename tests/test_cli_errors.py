@@ -58,8 +58,11 @@ def test_parsing_imports_no_torch():
     (["--shape", "2x16x4x32", "--layout", "thd", "--seqlens", "3", "17"], ["each <= s = 16"]),
     (["--shape", "4x4096x32"], ["malformed shape"]),
     (["--layout", "nope"], ["invalid choice: 'nope'"]),
-    (["--suite", "seed004"], ["python tools/seed004_pipeline.py"]),
+    (["--suite", "seed004"], ["run compare.py --pipeline"]),
     (["--suite", "smok"], ["unknown suite 'smok'", "closest: smoke"]),
+    (["--shape", "1x4x1x8", "--seed", "1" + "0" * 20], ["is not a seed: an integer from -2**63"]),
+    (["--pipeline", "rope"], ["invalid choice: 'rope'"]),
+    (["--pipeline", "--layout", "sbhd"], ["--layout does not apply to --pipeline"]),
     (["--list", "--claims"], ["--list and --claims are separate modes"]),
     (["--list", "--graph"], ["--graph does not apply to --list"]),
     (["--accuracy", "--layout", "sbhd"], ["--layout does not apply to --accuracy"]),
@@ -108,7 +111,7 @@ def test_bad_results_files(tmp_path):
     one_line_error(compare("--summary", results_file(tmp_path, registry_rows)),
                    "rows have no 'impl' field (a --list --json registry?)")
     one_line_error(compare("--design", str(tmp_path / "nope.json")), "no such file")
-    one_line_error(compare("--summary", str(tmp_path)), "is a directory")
+    one_line_error(compare("--summary", str(tmp_path)), "is a folder")
 
 
 def test_summary_of_cpu_results_says_which_values_have_numbers(tmp_path):

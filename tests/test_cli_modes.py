@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ports.harness import cli, metrics, report
-from ports.harness.runner import CaseReport, Result
+from ports.harness.result import CaseReport, Result
 from reference.case import RopeCase
 
 NO_GPU = not torch.cuda.is_available()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import HAS_GPU
-from ports.harness import cli, preflight
+from ports.harness import cases, cli, preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,7 @@ def test_the_install_declares_what_plots_need():
 def test_plot_without_matplotlib_is_one_line_before_any_work(capsys, monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
     ran = []
-    monkeypatch.setattr(cli, "cases_from_args", lambda args: ran.append(args) or [])
+    monkeypatch.setattr(cases, "cases_from_args", lambda args: ran.append(args) or [])
     with pytest.raises(SystemExit) as exc:
         cli.main(["--no-progress", "--suite", "smoke", "--plot", str(tmp_path / "p.png")])
     err = capsys.readouterr().err
@@ -63,7 +63,7 @@ def test_cpu_keeps_the_small_cases_of_a_suite_and_names_the_rest(capsys, monkeyp
 
     small = get_suite("smoke")[:1]
     big = small[0].replace(batch=64, seqlen=64)
-    monkeypatch.setattr(cli, "cases_from_args", lambda args: [*small, big])
+    monkeypatch.setattr(cases, "cases_from_args", lambda args: [*small, big])
     code = cli.main(["--no-progress", "--suite", "smoke", "--only", "torch.hf_rotate_half"])
     out, err = capsys.readouterr()
     assert code == 0 and out.count("## ") == 1
@@ -72,7 +72,7 @@ def test_cpu_keeps_the_small_cases_of_a_suite_and_names_the_rest(capsys, monkeyp
 
 def test_the_small_shape_the_refusal_suggests_is_under_the_cap():
     dims = cli.parse_shape(preflight.SMALL_SHAPE)
-    assert not preflight.over_cpu_cap([cli.case_from_shape(dims, "bshd")])
+    assert not preflight.over_cpu_cap([cases.case_from_shape(dims, "bshd")])
 
 
 def readme_examples() -> list[str]:

@@ -344,7 +344,7 @@ def test_equal_inputs_notes_reach_the_tables_and_the_summary(installed):
 
 def test_vs_fastest_is_each_time_over_the_cases_fastest():
     from ports.harness import metrics
-    from ports.harness.runner import Result
+    from ports.harness.result import Result
 
     results = [Result("a", "f", "port", "ok", median_us=4.0, graph_us=2.0),
                Result("b", "f", "peer", "ok", median_us=2.0, graph_us=3.0),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ports.harness import cli, metrics, report, runner, timing
-from ports.harness.runner import CaseReport, Result
+from ports.harness.result import CaseReport, Result
 from reference.case import RopeCase
 
 CASE = RopeCase(1, 64, 2, 128, dtype="bf16")
@@ -145,8 +145,9 @@ def test_summary_table_formats_ratios_and_size_copy():
              "pct_size_copy": 70.0, "graph_vs_compile": 1.0},
             {"impl": "a", "case": "c2", "status": "FAIL", "vs_compile": None,
              "pct_size_copy": None, "graph_vs_compile": None}]
-    lines = report.summary_table(rows, "vs_compile").splitlines()
-    assert "| 0.90 " in lines[2] and "| 1.00 " in lines[2] and "FAIL" in lines[3]
+    by_case = {line.split("|")[1].strip(): line
+               for line in report.summary_table(rows, "vs_compile").splitlines()}
+    assert "| 0.90 " in by_case["c1"] and "| 1.00 " in by_case["c1"] and "FAIL" in by_case["c2"]
     assert "| 1.23 " in report.summary_table(rows, "graph_vs_compile")
     assert "| 80 " in report.summary_table(rows, "pct_size_copy")
 

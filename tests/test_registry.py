@@ -96,3 +96,21 @@ def test_earlier_row_names_still_select_their_rows():
     for old, new in registry.ALIASES.items():
         assert [s.name for s in registry.select([old])] == [s.name for s in registry.select([new])]
     assert registry.get("triton.te_seed000").name == "triton.te_style"
+
+
+def test_the_old_import_path_warns_once_and_is_the_same_kernel():
+    """``ports.study`` (the README's "old import path") still imports, with one
+    DeprecationWarning however often it is imported."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import warnings\nwarnings.simplefilter('always')\n"
+            "with warnings.catch_warnings(record=True) as seen:\n"
+            "    import ports.study\n    import ports.study as again\n"
+            "import ports.fastrope\n"
+            "print(sum(issubclass(w.category, DeprecationWarning) and 'ports.fastrope' in "
+            "str(w.message) for w in seen), again.apply_rope is ports.fastrope.apply_rope)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.stdout.split() == ["1", "True"], proc.stderr[-2000:]

@@ -92,20 +92,54 @@ def _one(spec, dtype, table_dtype, targets, device, head_dim, seed,
     return AccuracyRow(spec.name, dtype, source, maxima, table_dtype, err.cpu())
 
 
-def table(rows: Sequence[AccuracyRow], max_position: int = MAX_POSITION, fmt: str = "github"
-          ) -> str:
+def _unsupported(row: AccuracyRow) -> str | None:
+    """The row's reason without its ``unsupported: `` prefix, or None where it ran or failed."""
+    first = row.bucket_errors[0] if row.bucket_errors else None
+    if isinstance(first, str) and first.startswith("unsupported: "):
+        return first[len("unsupported: "):]
+    return None
+
+
+def unsupported_summary(rows: Sequence[AccuracyRow]) -> str:
+    """The unsupported rows in one wrapped line, grouped by reason: an implementation none of
+    whose rows ran is named alone, one that ran on some dtypes is named with the dtype it lacks."""
+    from types import SimpleNamespace
+
+    from ports.harness.report import unsupported_line
+
+    never_ran = {r.impl for r in rows} - {r.impl for r in rows if _unsupported(r) is None}
+    cells, seen = [], set()
+    for r in rows:
+        reason = _unsupported(r)
+        label = r.impl if r.impl in never_ran or reason is None else f"{r.impl} {r.dtype}"
+        if (label, reason) in seen:
+            continue
+        seen.add((label, reason))
+        cells.append(SimpleNamespace(impl=label, reason=reason or "",
+                                     status="ok" if reason is None else "unsupported"))
+    return unsupported_line(cells)
+
+
+def table(rows: Sequence[AccuracyRow], max_position: int = MAX_POSITION, fmt: str = "github",
+          verbose: bool = True) -> str:
+    """Max error per bucket, one row per (implementation, dtype, table dtype). Unless
+    ``verbose``, the unsupported rows are summarised below the table in one line."""
     from ports.harness.report import text_table
 
     labels = bucket_labels(max_position)
     headers = ["implementation", "dtype", "cos/sin from", *labels]
+    shown = rows if verbose else [r for r in rows if _unsupported(r) is None]
     body = []
-    for r in rows:
+    for r in shown:
         if r.bucket_errors and isinstance(r.bucket_errors[0], str):
             cells = [r.bucket_errors[0]] + ["-"] * (len(labels) - 1)
         else:
             cells = [f"{e:.1e}" for e in r.bucket_errors]
         body.append([r.impl, r.dtype, r.source, *cells])
-    return text_table(body, headers, fmt, fit=True)
+    text = text_table(body, headers, fmt, fit=True)
+    if not verbose and len(shown) < len(rows):
+        text += "\n\n" + unsupported_summary(rows) + "\n(--verbose: a row for each)"
+    return text
 
 
 def plot(rows: Sequence[AccuracyRow], path: str) -> None:

@@ -86,7 +86,7 @@ def seed000() -> list[Claim]:
 
 
 def seed001() -> list[Claim]:
-    from ports.harness.suites import seed001 as cases
+    from ports.harness.suites import leetcuda_table as cases
 
     pack = _ratio_claim("001", "rope_f32x4_pack is 15-20% faster than rope_f32 (x[M, N] fp32, "
                         "M in {4096, 8192}, N in {512, 1024}; an Ada GPU)", cases(),
@@ -113,7 +113,7 @@ def seed002() -> list[Claim]:
 
 
 def seed004() -> list[Claim]:
-    from tools import seed004_pipeline as pipeline
+    from ports.harness import pipeline
 
     claimed = {"rbe": (4.94, "RBE Triton kernel 4.94x faster than PyTorch (0.027 -> 0.006 ms)"),
                "rmsnorm": (2.3, "RMSNorm Triton 2.3x faster than PyTorch (0.021 -> 0.009 ms)"),

@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import difflib
 import math
-import random
+import shutil
 import sys
 import textwrap
 from collections.abc import Sequence
 
+from ports import _impl_target
 from ports.harness import preflight
 from ports.harness.metrics import SUMMARY_VALUES
 from ports.registry import BACKENDS, FAMILIES, PEERS_WORD
@@ -44,23 +45,27 @@ SUITES = ("smoke", "crossval", "leetcuda_table", "decode", "anchors", "prefill",
 SUITE_ALIASES = {"seed000": "te_sweep", "seed001": "leetcuda_table", "seed002": "batch_reuse_sweep",
                  "seed002_full": "batch_reuse_sweep_full"}
 MOVED_SUITES = {"seed004": "seed 004's RMSNorm + matmul + RoPE experiments are not RoPE cases: "
-                           "run python tools/seed004_pipeline.py"}
+                           "run compare.py --pipeline"}
+PIPELINE_EXPERIMENTS = ("rbe", "rmsnorm", "fused")  # ports.harness.pipeline.EXPERIMENTS
 # The modes besides "run" (--shape/--suite, the default), each with the options it reads; an
 # option no mode reads is refused rather than ignored.
 MODE_OPTIONS = {"list": ("only", "skip", "json", "verbose", "impl"),
                 "summary": ("summary_value",),
                 "design": ("only", "skip", "verbose", "impl"),
                 "overhead": (),
-                "accuracy": ("only", "skip", "dtype", "seed", "plot", "impl"),
-                "claims": ()}
+                "accuracy": ("only", "skip", "dtype", "seed", "plot", "impl", "verbose"),
+                "claims": (),
+                "pipeline": ("seed",)}
 MODES = tuple(MODE_OPTIONS)
 ANY_MODE = ("no_progress",)
 # What builds a --shape case; the suites fix their own.
 SHAPE_OPTIONS = ("layout", "dtype", "style", "rotary_dim", "positions", "cos_sin_dtype", "base",
                  "kv_heads", "strided", "seqlens")
 
-USAGE = ("compare.py [--shape AxBxCxD | --suite NAME] [options] | --list | --summary F | "
-         "--design [F] | --accuracy | --claims | --overhead")
+USAGE = ("compare.py [--shape AxBxCxD | --suite NAME] [options]\n"
+         "       compare.py --list | --summary F | --design [F] | --accuracy | --claims | "
+         "--pipeline | --overhead")
+HELP_WIDTH = 100  # --help wraps at the terminal's width, at most this (output stays <= 140)
 EXIT_NEEDS_GPU = 3
 
 
@@ -98,12 +103,10 @@ def suite_name(text: str) -> str:
 
 
 def impl_target(text: str) -> str:
-    """``module:function`` (checked for its shape here; imported by the mode)."""
-    module, sep, function = text.partition(":")
-    if not sep or not module.strip() or not function.strip():
-        raise argparse.ArgumentTypeError(
-            f"--impl {text!r}: expected module:function (a colon between them), e.g. "
-            "examples.my_rope:rope_half")
+    """``module:function``, its module found but not imported (the mode imports it)."""
+    problem = _impl_target.problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
     return text
 
 
@@ -121,6 +124,24 @@ def _number(kind, low: float, what: str):
 
 
 POSITIVE_INT = _number(int, 0, "a positive integer")
+SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.Generator.manual_seed takes
+
+
+def seed_value(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a seed: an integer from -2**63 to 2**64 - 1")
+    return value
+
+
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    """The epilog as written; the options wrapped at the terminal's width, at most HELP_WIDTH."""
+    width = min(shutil.get_terminal_size().columns, HELP_WIDTH) - 2
+    return argparse.RawDescriptionHelpFormatter(prog, width=width)
 
 
 def build_parser() -> Parser:
@@ -133,7 +154,7 @@ def build_parser() -> Parser:
     p = Parser(prog="compare.py", usage=USAGE, epilog=epilog,
                description="Cross-validate every RoPE implementation against a float64 oracle, "
                            "then time it (on an NVIDIA GPU).",
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+               formatter_class=_formatter)
     what = p.add_argument_group("what to run")
     what.add_argument("--shape", type=parse_shape, action="append", metavar="AxBxCxD",
                       help="shape in the layout's order, e.g. 4x4096x32x128 with --layout bshd "
@@ -158,7 +179,7 @@ def build_parser() -> Parser:
     what.add_argument("--backward", action="store_true", help="also run the backward direction")
     what.add_argument("--backward-only", action="store_true",
                       help="run the backward direction alone (of --shape and --suite cases)")
-    what.add_argument("--seed", type=int, default=0)
+    what.add_argument("--seed", type=seed_value, default=0)
     which = p.add_argument_group("which implementations")
     which.add_argument("--only", nargs="+", metavar="NAME",
                        help="names, families or backends to run")
@@ -172,12 +193,18 @@ def build_parser() -> Parser:
     modes.add_argument("--list", action="store_true", help="print the registry and exit")
     modes.add_argument("--summary", metavar="RESULTS_JSON",
                        help="pivot a --json results file: implementations x cases")
-    modes.add_argument("--summary-value", default="pct_copy", choices=SUMMARY_VALUES)
+    modes.add_argument("--summary-value", default="pct_copy", choices=SUMMARY_VALUES,
+                       metavar="VALUE", help="the value --summary pivots (default pct_copy): "
+                                             + ", ".join(SUMMARY_VALUES))
     modes.add_argument("--design", nargs="?", const="", metavar="RESULTS_JSON",
                        help="print the design-notes table; with a --json results file of the "
                             "prefill suite, add each implementation's median %% of copy")
     modes.add_argument("--claims", action="store_true",
                        help="measure every quantitative claim of the seeds (needs a GPU)")
+    modes.add_argument("--pipeline", nargs="*", choices=PIPELINE_EXPERIMENTS, metavar="EXPERIMENT",
+                       help="seed 004's RMSNorm + matmul + RoPE experiments (kernl): "
+                            f"{', '.join(PIPELINE_EXPERIMENTS)} (default: all); needs a GPU to "
+                            "time, validates a tiny shape on the CPU")
     modes.add_argument("--accuracy", action="store_true",
                        help="max error against the float64 ideal by position bucket (up to 128k)")
     modes.add_argument("--overhead", action="store_true",
@@ -244,56 +271,6 @@ def check_args(args) -> None:
                              f"(--shape {shape} is b x s x h x d for thd)")
 
 
-def uneven_seqlens(batch: int, max_len: int, seed: int) -> tuple[int, ...]:
-    """Deterministic uneven lengths in [1, max_len], the longest exactly max_len."""
-    rng = random.Random(seed)
-    lengths = [rng.randint(1, max_len) for _ in range(batch)]
-    lengths[rng.randrange(batch)] = max_len
-    return tuple(lengths)
-
-
-def case_from_shape(dims: tuple[int, int, int, int], layout: str, seed: int = 0,
-                    seqlens: Sequence[int] | None = None, **fields):
-    """A case from a shape in ``layout``'s order (thd takes b x s x h x d: b sequences <= s)."""
-    from reference.case import RopeCase
-
-    order = "bshd" if layout == "thd" else layout
-    size = dict(zip(order, dims))
-    if layout == "thd":
-        fields["seqlens"] = (tuple(seqlens) if seqlens
-                             else uneven_seqlens(size["b"], size["s"], seed))
-    return RopeCase(size["b"], size["s"], size["h"], size["d"], layout=layout, **fields)
-
-
-def cases_from_args(args) -> list:
-    """The ``RopeCase`` list of ``--suite`` and ``--shape`` (times dtypes, styles, directions)."""
-    from ports.harness.suites import get_suite
-
-    cases = []
-    for name in args.suite or ():
-        cases += get_suite(name)
-    directions = (["backward"] if args.backward_only
-                  else ["forward", "backward"] if args.backward else ["forward"])
-    for dims in args.shape or ():
-        for dtype in args.dtype:
-            for style in args.style:
-                for direction in directions:
-                    cases.append(case_from_shape(
-                        dims, args.layout, args.seed, args.seqlens, dtype=dtype, style=style,
-                        rotary_dim=args.rotary_dim, positions=args.positions,
-                        cos_sin_dtype=args.cos_sin_dtype, base=args.base,
-                        kv_heads=args.kv_heads, contiguous=not args.strided,
-                        direction=direction))
-    if args.suite and (args.backward or args.backward_only):
-        suite_cases = [c for c in cases if c.direction == "forward" and args.shape is None]
-        backward = [c.replace(direction="backward") for c in suite_cases]
-        if args.backward_only:  # the suites' own backward cases, then the converted ones
-            cases = [c for c in cases if c.direction == "backward"] + backward
-        else:
-            cases += backward
-    return cases
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -303,7 +280,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_args(args)
     except ValueError as exc:
         parser.error(str(exc))
-    problem = preflight.plot_problem(args.plot)  # before any work, not after the whole run
+    # Before any work (and before torch is imported), not after the whole run.
+    reads = {"summary": args.summary, "design": args.design or None}.get(mode)
+    problems = [preflight.plot_problem(args.plot),
+                *(preflight.output_problem(f"--{flag}", getattr(args, flag), flag != "plot")
+                  for flag in ("json", "csv", "plot")),
+                reads and preflight.results_file_problem(f"--{mode}", reads)]
+    problem = next((p for p in problems if p), None)
     if problem:
         parser.error(problem)
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ports.harness.runner import Result
+    from ports.harness.result import Result
 
 # The numeric fields of a result that ``compare.py --summary`` can pivot.
 SUMMARY_VALUES = ("pct_copy", "pct_size_copy", "graph_pct_size_copy", "median_us", "graph_us",

@@ -10,6 +10,8 @@ import json
 import os
 import sys
 
+from ports.harness import preflight
+
 CPU_NOTE = ("No CUDA GPU found: cross-validating what runs on the CPU (the eager references, and "
             "Triton ports under TRITON_INTERPRET=1)\non the given shapes. Timing and the CuPy "
             "ports need an NVIDIA GPU.")
@@ -70,14 +72,15 @@ def _emit(text: str, path: str) -> None:
 
 def load_rows(path: str, flag: str, keys: tuple[str, ...] = RESULT_KEYS) -> list[dict]:
     """The rows of a ``compare.py --json`` results file, or a UsageError saying what it is not."""
-    right = "give a file written by compare.py --json PATH (with --shape or --suite)"
+    right = preflight.RESULTS_HINT
+    problem = preflight.results_file_problem(flag, path)
+    if problem:
+        raise UsageError(problem)
     try:
         with open(path) as f:
             rows = json.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"{flag} {path}: no such file; {right}") from None
-    except IsADirectoryError:
-        raise UsageError(f"{flag} {path}: is a directory; {right}") from None
+    except OSError as exc:  # e.g. permission denied
+        raise UsageError(f"{flag} {path}: cannot read it ({exc.strerror}); {right}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"{flag} {path}: not JSON ({str(exc).split(':')[0]}); {right}") from None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
@@ -87,6 +90,15 @@ def load_rows(path: str, flag: str, keys: tuple[str, ...] = RESULT_KEYS) -> list
         what = " (a --list --json registry?)" if rows and "upstream" in rows[0] else ""
         raise UsageError(f"{flag} {path}: rows have no {missing!r} field{what}; {right}")
     return rows
+
+
+def _numbers_only(rows: list[dict], field: str, where: str) -> None:
+    """A UsageError naming the first row whose ``field`` is neither missing, null nor a number."""
+    bad = next((i for i, r in enumerate(rows) if r.get(field) is not None
+                and (isinstance(r[field], bool) or not isinstance(r[field], (int, float)))), None)
+    if bad is not None:
+        raise UsageError(f"{where}: row {bad}'s {field} is {rows[bad][field]!r}, not a number; "
+                         f"{preflight.RESULTS_HINT}")
 
 
 # ---- the modes ---------------------------------------------------------------------------------
@@ -109,9 +121,13 @@ def list_mode(args) -> int:
 
 
 def summary_mode(args) -> int:
+    rows = load_rows(args.summary, "--summary")
+    if not rows:
+        raise UsageError(f"--summary {args.summary}: the file has no results (an empty list); "
+                         f"{preflight.RESULTS_HINT}")
+    _numbers_only(rows, args.summary_value, f"--summary {args.summary}")
     from ports.harness import report
 
-    rows = load_rows(args.summary, "--summary")
     has = report.values_with_numbers(rows)
     if args.summary_value not in has:
         cpu = all(str(r.get("gpu", "")).startswith("none") for r in rows)
@@ -128,7 +144,9 @@ def design_mode(args) -> int:
 
     pct = None
     if args.design:
-        pct = report.prefill_pct_copy(load_rows(args.design, "--design", keys=("impl",)))
+        rows = load_rows(args.design, "--design", keys=("impl",))
+        _numbers_only(rows, "pct_copy", f"--design {args.design}")
+        pct = report.prefill_pct_copy(rows)
     print(report.design_table(_specs(args), pct, verbose=args.verbose))
     return 0
 
@@ -158,9 +176,26 @@ def claims_mode(args) -> int:
     return 0
 
 
+def pipeline_mode(args) -> int:
+    """Seed 004's RMSNorm + matmul + RoPE experiments: timed on the blog's shapes on a GPU, else
+    validated on a tiny shape under the Triton interpreter."""
+    _torch_ready()
+    from ports.harness import env, pipeline
+
+    experiments = args.pipeline or list(pipeline.EXPERIMENTS)
+    if env.has_gpu():
+        rows = pipeline.run(None, experiments, seed=args.seed)
+    else:
+        shape = pipeline.tiny_shapes()[0]
+        print(pipeline.NO_GPU_NOTE.format(hidden=shape.hidden) + "\n")
+        rows = pipeline.run([shape], experiments, seed=args.seed, device="cpu", timing_on=False)
+    print(pipeline.tables(rows))
+    return 0 if all(r.status == "ok" for r in rows) else 1
+
+
 def accuracy_mode(args) -> int:
     _torch_ready()
-    from ports.harness import accuracy, env, preflight
+    from ports.harness import accuracy, env
 
     specs = _specs(args)
     targets = env.targets()
@@ -178,7 +213,7 @@ def accuracy_mode(args) -> int:
                             seed=args.seed, max_position=max_position)
     print(f"## max |out - float64 ideal| by position (b=1, h=1, d=128, positions "
           f"0..{max_position - 1})")
-    print(accuracy.table(rows, max_position))
+    print(accuracy.table(rows, max_position, verbose=args.verbose))
     if args.plot:
         if not any(r.per_token is not None for r in rows):
             raise UsageError(f"--plot {args.plot}: no implementation ran, so there are no "
@@ -191,12 +226,15 @@ def accuracy_mode(args) -> int:
 def run_mode(args) -> int:
     """Validate (and on a GPU time) the implementations on the --shape and --suite cases."""
     if not args.shape and not args.suite:
+        if args.only or args.skip:  # a misspelt name is the first thing to fix
+            _torch_ready()
+            _specs(args)
         raise UsageError("nothing to run: give --shape or --suite (or --list)")
     _torch_ready()
     from tqdm import tqdm
 
-    from ports.harness import env, preflight, report
-    from ports.harness.cli import cases_from_args
+    from ports.harness import env, report
+    from ports.harness.cases import cases_from_args
     from ports.harness.runner import run_case
     from ports.harness.suites import GRAPH_SUITES
 
@@ -257,4 +295,4 @@ def run_mode(args) -> int:
 
 MODES = {"list": list_mode, "summary": summary_mode, "design": design_mode,
          "overhead": overhead_mode, "claims": claims_mode, "accuracy": accuracy_mode,
-         "run": run_mode}
+         "pipeline": pipeline_mode, "run": run_mode}

@@ -10,7 +10,7 @@ import tabulate
 
 from ports._spec import ImplSpec
 from ports.harness.metrics import SUMMARY_VALUES, gbps
-from ports.harness.runner import CaseReport, Result
+from ports.harness.result import CaseReport, Result
 
 RESULT_HEADERS = ("implementation", "check", "max abs err", "max rel err", "err/tol",
                   "median us", "GB/s", "% copy", "vs eager", "÷ compile")
@@ -48,7 +48,8 @@ def text_table(rows: Sequence[Sequence[str]], headers: Sequence[str], fmt: str =
     kw = {}
     if fit and rows:
         columns = list(zip(headers, *rows))
-        limits = [max(len(str(c)) for c in column) for column in columns]
+        limits = [max(len(line) for c in column for line in str(c).splitlines() or [""])
+                  for column in columns]
         floors = [max(len(w) for c in column for w in str(c).split() or [""])
                   for column in columns]
         while sum(limits) + 3 * len(limits) + 1 > WIDTH:
@@ -385,6 +386,29 @@ def values_with_numbers(rows: Sequence[dict]) -> list[str]:
     return [v for v in SUMMARY_VALUES if any(r.get(v) is not None for r in rows)]
 
 
+def _column_groups(rows: Sequence[Sequence[str]], headers: Sequence[str], fmt: str) -> str:
+    """A wide table as several, each of the first column and as many of the others as fit in
+    :data:`WIDTH` (a name's family on its own header line: ``torch.`` over ``hf_rotate_half``)."""
+    headers = [headers[0], *(h.replace(".", ".\n", 1) for h in headers[1:])]
+
+    def width(i: int) -> int:
+        return max([len(line) for line in headers[i].splitlines()]
+                   + [len(str(row[i])) for row in rows]) + 3
+
+    groups: list[list[int]] = []
+    used = width(0) + 1
+    for i in range(1, len(headers)):
+        if not groups or used + width(i) > WIDTH:
+            groups.append([])
+            used = width(0) + 1
+        groups[-1].append(i)
+        used += width(i)
+    return "\n\n".join(
+        text_table([[row[0], *(row[i] for i in group)] for row in rows],
+                   [headers[0], *(headers[i] for i in group)], fmt, fit=True)
+        for group in groups or [[]])
+
+
 def summary_table(rows: Sequence[dict], value: str = "pct_copy", fmt: str = "github") -> str:
     """Cases (rows) against implementations (columns) from a results file: one number per cell
     (``value``, e.g. ``pct_copy``, ``median_us`` or ``vs_compile``), or the short status where
@@ -407,6 +431,6 @@ def summary_table(rows: Sequence[dict], value: str = "pct_copy", fmt: str = "git
                 line.append({"unsupported": "-"}.get(r["status"], r["status"]))
         body.append(line)
     lines = [f"{value}: {SUMMARY_TITLES[value]}"] if value in SUMMARY_TITLES else []
-    lines.append(text_table(body, ["case", *impls], fmt))
+    lines.append(_column_groups(body, ["case", *impls], fmt))
     lines += note_lines((r["impl"], r.get("note", "")) for r in rows if r["impl"] in impls)
     return "\n".join(lines)

@@ -4,7 +4,7 @@
 * :func:`seed002`: seed 002's GB/s sweep (head_num 64, head_dim 128, batch {1, 2, 4, 8},
   seq_len 256..3968 in steps of 128), thinned by default.
 * seed 004 is not a list of RoPE cases (its fused kernel includes the projection matmul): it
-  runs as ``python tools/seed004_pipeline.py``.
+  runs as ``compare.py --pipeline`` (:mod:`ports.harness.pipeline`).
 """
 from __future__ import annotations
 

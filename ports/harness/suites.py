@@ -55,7 +55,7 @@ def crossval() -> list[RopeCase]:
     return cases
 
 
-def seed001() -> list[RopeCase]:
+def leetcuda_table() -> list[RopeCase]:
     """Seed 001's table: x[M, N] fp32, interleaved, M in {4096, 8192}, N in {512, 1024}."""
     return [RopeCase(1, m, 1, n, style="interleaved", label=f"leetcuda table M={m} N={n}")
             for m in (4096, 8192) for n in (512, 1024)]
@@ -101,13 +101,13 @@ def qkv() -> list[RopeCase]:
     ]
 
 
-STUDY_SHAPE = (4, 4096, 32, 128)  # the middle prefill shape, used by the single-axis suites
+MIDDLE_PREFILL_SHAPE = (4, 4096, 32, 128)  # used by the single-axis suites
 
 
 def partial() -> list[RopeCase]:
     """Partial rotary: R = d/2 and d/4 (the tail passes through), bshd and sbhd, bf16."""
-    return [RopeCase(*STUDY_SHAPE, layout=layout, dtype="bf16", cos_sin_dtype="same",
-                     rotary_dim=128 // div, label=f"partial R=d/{div}")
+    return [RopeCase(*MIDDLE_PREFILL_SHAPE, layout=layout, dtype="bf16",
+                     cos_sin_dtype="same", rotary_dim=128 // div, label=f"partial R=d/{div}")
             for layout in ("bshd", "sbhd") for div in (2, 4)]
 
 
@@ -120,7 +120,7 @@ def interleaved() -> list[RopeCase]:
 
 def positions() -> list[RopeCase]:
     """Random per-token position ids (a different row per sequence) and per-sequence offsets."""
-    return [RopeCase(*STUDY_SHAPE, dtype="bf16", cos_sin_dtype="same", positions=kind,
+    return [RopeCase(*MIDDLE_PREFILL_SHAPE, dtype="bf16", cos_sin_dtype="same", positions=kind,
                      max_position=32768, label=f"positions {kind}")
             for kind in ("ids", "offset")]
 
@@ -135,7 +135,7 @@ def varlen() -> list[RopeCase]:
 
 def gqa() -> list[RopeCase]:
     """q with 32 heads and k with fewer (GQA 8, MQA 1), rotated together."""
-    return [RopeCase(*STUDY_SHAPE, dtype="bf16", cos_sin_dtype="same", kv_heads=kv,
+    return [RopeCase(*MIDDLE_PREFILL_SHAPE, dtype="bf16", cos_sin_dtype="same", kv_heads=kv,
                      label=f"gqa kv={kv}") for kv in (8, 1)]
 
 
@@ -156,10 +156,10 @@ def apex() -> list[RopeCase]:
 
 
 def ablation() -> list[RopeCase]:
-    """Where the study kernel's ideas matter: prefill (bf16, fp32), a decode step, GQA q+k,
+    """Where fastrope's ideas matter: prefill (bf16, fp32), a decode step, GQA q+k,
     partial rotary, interleaved, and 128k computed angles. Run with
     ``--only fastrope fastrope-ablation``."""
-    pre = RopeCase(*STUDY_SHAPE, dtype="bf16", label="ablation prefill")
+    pre = RopeCase(*MIDDLE_PREFILL_SHAPE, dtype="bf16", label="ablation prefill")
     return [pre, pre.replace(dtype="fp32"), pre.replace(style="interleaved"),
             pre.replace(rotary_dim=64), pre.replace(kv_heads=8, label="ablation gqa"),
             pre.replace(layout="sbhd"),
@@ -176,7 +176,7 @@ def peers() -> list[RopeCase]:
     own positions in a 4k context (32 heads; 64 at b=256), and b=64 in fp32. compare.py times
     this suite's CUDA-graph replays too (decode is launch-bound). The bf16 b=64 decode step is
     the last case."""
-    pre = RopeCase(*STUDY_SHAPE, dtype="bf16", cos_sin_dtype="same", kv_heads=8,
+    pre = RopeCase(*MIDDLE_PREFILL_SHAPE, dtype="bf16", cos_sin_dtype="same", kv_heads=8,
                    label="peers prefill")
     dec = RopeCase(64, 1, 32, 128, dtype="bf16", cos_sin_dtype="same", kv_heads=8,
                    positions="offset", max_position=4096, label="peers decode")
@@ -222,7 +222,7 @@ GRAPH_SUITES = ("peers",)
 SUITES: dict[str, Callable[[], list[RopeCase]]] = {
     "smoke": smoke,
     "crossval": crossval,
-    "leetcuda_table": seed001,
+    "leetcuda_table": leetcuda_table,
     "decode": decode,
     "anchors": anchors,
     "prefill": prefill,

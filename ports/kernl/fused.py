@@ -7,8 +7,8 @@ fat kernel") and its project code ``ELS-RD/kernl@da9db806:experimental/llama-v2/
 fused_kernel_proj_qkv.py`` (``rmsnorm_triton``, ``rmsnorm_triton_wrapper``, ``rms_matmul_rbe``,
 ``rms_matmul_rbe_wrapper``, ``rms_matmul_rbe_qkv``, ``rms_matmul_rbe_qkv_wrapper``). An independent
 re-implementation of that design, not a copy. This is not a RoPE kernel the canonical cases can
-call: it is a different study entry ("RoPE fused into the QKV projection"), benchmarked by
-``tools/seed004_pipeline.py`` against the unfused pipeline.
+call: it is a different experiment ("RoPE fused into the QKV projection"), benchmarked by
+``compare.py --pipeline`` (:mod:`ports.harness.pipeline`) against the unfused pipeline.
 
 Design kept
 -----------
@@ -63,7 +63,7 @@ import triton
 import triton.language as tl
 
 from ports import _alloc, _triton
-from ports.kernl import UPSTREAM, rbe_triton
+from ports.kernl.rbe import UPSTREAM, rbe_triton
 from reference.vocabulary import check_dtype, check_rank
 
 

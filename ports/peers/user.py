@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+from ports import _impl_target
 from ports._adapters import forward_or_backward
 from ports.peers import PeerSpec
 from reference.case import RopeCase, RopeInputs
@@ -143,17 +144,17 @@ def spec_from_callable(fn: Callable, where: str) -> PeerSpec:
 def load(target: str) -> PeerSpec:
     """The spec for ``--impl module:function`` (``function`` may be dotted: ``module:Cls.fn``);
     :class:`BadImpl` with one line saying what is wrong and what would be right."""
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise BadImpl(f"--impl {target!r}: expected module:function, e.g. "
-                      "examples.my_rope:rope_half")
+    problem = _impl_target.problem(target)
+    if problem:
+        raise BadImpl(f"--impl {target}: {problem}")
+    module_name, _, attr = (part.strip() for part in target.partition(":"))
     try:
         obj = importlib.import_module(module_name)
-    except Exception as exc:
+    except Exception as exc:  # found, but importing it failed
         first = (str(exc).strip().splitlines() or [""])[0][:120]
         raise BadImpl(f"--impl {target}: cannot import module {module_name!r} "
-                      f"({type(exc).__name__}: {first}); run from the folder that holds it or "
-                      "install its package") from None
+                      f"({type(exc).__name__}: {first}); fix the module, or install what it "
+                      "imports") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise BadImpl(f"--impl {target}: module {module_name!r} has no attribute {attr!r}")

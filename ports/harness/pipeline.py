@@ -3,11 +3,12 @@
 kernl's blog (seed 004) times three things on Llama-2-7B shapes (hidden 4096 = 32 heads x 128,
 fp16, batch 1): its RBE kernel against PyTorch, its RMSNorm kernel against PyTorch, and the fused
 ``rms_matmul_rbe`` (RMSNorm + projection + RoPE) against the unfused PyTorch pipeline. None of these
-is a canonical RoPE case (the fused kernel does a matmul), so they are not registry entries and
-``compare.py`` does not run them: this tool validates each against a float64 reference and times
-it on a GPU (``compare.py --claims`` reads :func:`run` for seed 004's claims)::
+is a canonical RoPE case (the fused kernel does a matmul), so they are not registry rows and no
+``--suite`` runs them: :func:`run` validates each against a float64 reference and times it on a
+GPU. ``compare.py --pipeline`` prints its tables and ``compare.py --claims`` reads it for seed
+004's claims::
 
-    python tools/seed004_pipeline.py [--experiment rbe rmsnorm fused] [--seed N]
+    python compare.py --pipeline [rbe rmsnorm fused] [--seed N]
 
 Pipelines compared (all produce ``[batch, M, heads, head_dim]`` in x's dtype):
 
@@ -22,16 +23,11 @@ The reference is float64 end to end: ``rmsnorm(x) @ W.T`` then the interleaved r
 angles ``(start_pos + m) * theta ** (-2i / head_dim)``. A pipeline passes when the normwise relative
 error ``||out - ref|| / ||ref||`` is below ``PIPELINE_TOL`` (fp16 inputs, fp16 matmul output);
 the standalone RMSNorm and RBE, a single rounding to fp16 each, must be below ``ELEMENTWISE_TOL``.
+
+It lives in the harness, not in ``ports/kernl``, because it times: a port never imports the
+harness.
 """
 from __future__ import annotations
-
-import argparse
-import os
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):  # run as a script: the repository root is what ``ports`` lives in
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -344,43 +340,14 @@ def table_rows(rows: Sequence[Row], experiment: str) -> list[list[str]]:
 
 
 def tables(rows: Sequence[Row], fmt: str = "github") -> str:
-    from tabulate import tabulate
+    """One table per experiment, each fitted to the harness's output width."""
+    from ports.harness.report import text_table
 
-    parts = []
-    for exp in dict.fromkeys(r.experiment for r in rows):
-        parts.append(f"## {TITLES[exp]}\n"
-                     + tabulate(table_rows(rows, exp), headers=HEADERS, tablefmt=fmt,
-                                disable_numparse=True))
-    return "\n\n".join(parts)
+    return "\n\n".join(f"## {TITLES[exp]}\n" + text_table(table_rows(rows, exp), HEADERS, fmt,
+                                                           fit=True)
+                       for exp in dict.fromkeys(r.experiment for r in rows))
 
 
 NO_GPU_NOTE = ("No CUDA GPU found: seed 004's experiments are timed on a GPU only. Validating the "
-               "kernels under TRITON_INTERPRET=1 on a tiny shape (hidden {hidden}) instead; the "
+               "kernels under TRITON_INTERPRET=1\non a tiny shape (hidden {hidden}) instead; the "
                "blog's Llama-2-7B shapes need a GPU.")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Print seed 004's three tables. Exit 1 if a check fails."""
-    p = argparse.ArgumentParser(prog="tools/seed004_pipeline.py",
-                                description="Seed 004 (kernl): RBE, RMSNorm, fused rms_matmul_rbe")
-    p.add_argument("--experiment", nargs="+", choices=EXPERIMENTS, default=list(EXPERIMENTS))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-cpu-check", action="store_true",
-                   help="without a GPU, skip the interpreter validation on the tiny shape")
-    args = p.parse_args(argv)
-
-    if not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are defined
-        shape = tiny_shapes()[0]
-        print(NO_GPU_NOTE.format(hidden=shape.hidden) + "\n")
-        if args.no_cpu_check:
-            return 0
-        rows = run([shape], args.experiment, seed=args.seed, device="cpu", timing_on=False)
-    else:
-        rows = run(None, args.experiment, seed=args.seed)
-    print(tables(rows))
-    return 0 if all(r.status == "ok" for r in rows) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
