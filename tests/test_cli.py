@@ -216,7 +216,7 @@ def test_claims_without_gpu_list_what_they_need(capsys):
 
 
 def test_claim_verdicts_compare_gains():
-    from ports.harness.claims import _verdict
+    from ports.harness.verdicts import ratio_verdict as _verdict
 
     assert _verdict(1.01, 1.15, 1.20) == "does not hold: smaller here"  # +1% vs +15-20%
     assert _verdict(1.24, 1.24) == "holds"

@@ -2,10 +2,9 @@
 
 Each row: the seed, the claim as stated (with the GPU it was made on), what this package measures
 for the same experiment on the current GPU, and a verdict. Claims are speed-up ratios, compared as
-gains (ratio - 1) because the GPUs differ: a claim *holds* when the measured gain lies in the
-claimed range widened by 25% of each end (at least 0.05); otherwise it *does not hold* (smaller or
-larger here), and it is *not reproducible here* when an implementation it needs is missing or
-cannot run (the reason is given). The serving frameworks' published claims (FlashInfer, vLLM,
+gains (ratio - 1) because the GPUs differ (:mod:`ports.harness.verdicts`: the claimed range
+widened by 25% of each end); a claim is *not reproducible here* when an implementation it needs
+is missing or cannot run (the reason is given). The serving frameworks' published claims (FlashInfer, vLLM,
 SGLang pull requests) follow the seeds' rows: :mod:`ports.harness.published_claims`.
 """
 from __future__ import annotations
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 
 from ports import registry
 from ports.harness.runner import run_case
+from ports.harness.verdicts import ratio_verdict
 from reference.case import RopeCase
 
 # Seeds 000 and 002 measure themselves against "TE's CUDA fused RoPE". Two generations of it are
@@ -24,7 +24,6 @@ TE_GENERATIONS = {
     "TE 1.5 generation (apex.fused_rope: sincosf per element)": "apex.fused_rope",
     "TE 2.x, current (te.fused_rope: sincosf once per token, shared memory)": "te.fused_rope",
 }
-SLACK, SLACK_MIN = 0.25, 0.05  # how far a measured gain may sit outside the claimed range
 
 
 @dataclass
@@ -33,17 +32,6 @@ class Claim:
     claim: str
     measured: str = "not measured"
     verdict: str = "not reproducible here"
-
-
-def _verdict(measured: float, low: float, high: float | None = None) -> str:
-    """Compare a measured speed-up ratio with a claimed one (or range) as gains (ratio - 1)."""
-    high = low if high is None else high
-    g_lo, g_hi, gain = low - 1, high - 1, measured - 1
-    if gain < g_lo - max(SLACK_MIN, SLACK * abs(g_lo)):
-        return "does not hold: smaller here"
-    if gain > g_hi + max(SLACK_MIN, SLACK * abs(g_hi)):
-        return "does not hold: larger here"
-    return "holds"
 
 
 def _times(cases: Sequence[RopeCase], names: Sequence[str]) -> dict[str, list[float]] | str:
@@ -71,7 +59,7 @@ def _ratio_claim(seed, text, cases, slow, fast, low, high=None, what="x faster")
     ratios = [a / b for a, b in zip(times[slow], times[fast])]
     claim.measured = (f"{fast} {min(ratios):.2f}-{max(ratios):.2f}{what} than {slow} "
                       f"(median {statistics.median(ratios):.2f})")
-    claim.verdict = _verdict(statistics.median(ratios), low, high)
+    claim.verdict = ratio_verdict(statistics.median(ratios), low, high)
     return claim
 
 
@@ -134,7 +122,7 @@ def seed004() -> list[Claim]:
                 best[r.shape] = r
             claim.measured = "; ".join(f"{s.split(':')[0]}: {r.speedup:.2f}x ({r.impl})"
                                        for s, r in best.items())
-            claim.verdict = _verdict(statistics.median(r.speedup for r in best.values()), gain)
+            claim.verdict = ratio_verdict(statistics.median(r.speedup for r in best.values()), gain)
         out.append(claim)
     return out
 

@@ -5,9 +5,9 @@ the source gives them (and says which it does not give), and the registry rows i
 that is not registered, or that cannot run the claim's case, makes the verdict say so
 ("not reproducible here: ..."); nothing raises.
 
-Verdicts follow :mod:`ports.harness.claims`: a speed-up ratio is compared as a gain (ratio - 1)
-with :func:`~ports.harness.claims._verdict`; a bandwidth is compared as a level, holding when the
-measured GB/s lies in the claimed range widened by the same ``SLACK`` fraction of each end. The
+Verdicts (:mod:`ports.harness.verdicts`): a speed-up ratio is compared as a gain (ratio - 1); a
+bandwidth as a level, holding when the measured GB/s lies in the claimed range widened by the
+same ``SLACK`` fraction of each end. The
 GPUs differ (most sources do not name theirs), so a verdict says whether the claim's *shape* of
 result reproduces on this GPU, not whether the source measured wrongly.
 
@@ -20,6 +20,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ports.harness.verdicts import level_verdict, ratio_verdict
 from reference.case import RopeCase
 
 # The registry rows these claims time, each as candidates in order of preference: the CuPy port
@@ -77,25 +78,6 @@ def _run(case: RopeCase, name: str) -> Timed:
         why = result.reason or result.timing_note or result.status
         return Timed(name, case, None, None, f"{name} on {case.describe()}: {why}")
     return Timed(name, case, result.median_us, result.gbps)
-
-
-def level_verdict(measured: float, low: float, high: float | None = None) -> str:
-    """A measured level (e.g. GB/s) against a claimed one or range, each end widened by
-    ``SLACK`` of itself."""
-    from ports.harness.claims import SLACK
-
-    high = low if high is None else high
-    if measured < low * (1 - SLACK):
-        return "does not hold: smaller here"
-    if measured > high * (1 + SLACK):
-        return "does not hold: larger here"
-    return "holds"
-
-
-def ratio_verdict(measured: float, low: float, high: float | None = None) -> str:
-    from ports.harness.claims import _verdict
-
-    return _verdict(measured, low, high)
 
 
 # ---- the claims --------------------------------------------------------------------------------
