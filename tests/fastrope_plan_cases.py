@@ -1,4 +1,4 @@
-"""The problems whose launch plans tests/data/fastrope_plans.json pins, and how to record them.
+"""The problems whose launch plans tests/data/fastrope_plans.json.gz pins, and how to record them.
 
 Each case is a dict of plain values (layout, sizes, dtypes, table form, positions, direction,
 views); :func:`arguments` turns one into the tensors and keywords of ``run.rotate`` on a

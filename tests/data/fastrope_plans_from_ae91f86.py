@@ -1,4 +1,4 @@
-"""Write tests/data/fastrope_plans.json: the launches of the code at ae91f86 (before the launch
+"""Write tests/data/fastrope_plans.json.gz: the launches of the code at ae91f86 (before the launch
 plan became a table) for tests/fastrope_plan_cases.py's problems, design and ablations.
 
 Run once from the repository root against that commit's package::
@@ -11,6 +11,7 @@ tunings are copied from its ports/fastrope/canonical.py.
 """
 from __future__ import annotations
 
+import gzip
 import json
 import pathlib
 
@@ -64,8 +65,9 @@ def main():
             xs, kw = C.arguments(case)
             records.append(dict(case=case, ablation=name, launches=C.outcome(
                 call, xs, dict(kw, in_place=case["in_place"]), launches)))
-    path = pathlib.Path(__file__).with_name("fastrope_plans.json")
-    path.write_text(json.dumps(records, indent=None, separators=(",", ":")) + "\n")
+    path = pathlib.Path(__file__).with_name("fastrope_plans.json.gz")
+    text = json.dumps(records, indent=None, separators=(",", ":")) + "\n"
+    path.write_bytes(gzip.compress(text.encode(), mtime=0))
     print(f"{len(records)} records -> {path}")
 
 
