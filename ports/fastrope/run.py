@@ -212,6 +212,6 @@ def with_autograd(fn):
     return rotate_autograd
 
 
-rotate_autograd = with_autograd(rotate)
-rotate_autograd.__doc__ = (":func:`rotate` (same arguments), recorded for autograd when q or k "
-                           "requires grad.")
+def rotate_autograd(q, k=None, *, inverse: bool = False, **kwargs):
+    """:func:`rotate` (same arguments), recorded for autograd when q or k requires grad."""
+    return with_autograd(rotate)(q, k, inverse=inverse, **kwargs)
