@@ -70,6 +70,14 @@ ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
 )}
 
 
+def heads_per_step(n: int) -> Ablation:
+    """The main kernel with ``n`` heads per thread per step everywhere (one_head_per_step: 1)."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"heads per step must be a positive int, got {n!r}")
+    return _always_set(f"heads_per_step_{n}", f"{n} heads per thread per step", unroll=n,
+                       **_FIXED_SHAPE)
+
+
 def step_heads(n: int) -> Ablation:
     """The step kernel with ``n`` heads per thread wherever it runs."""
     if not isinstance(n, int) or n < 1:
@@ -85,8 +93,12 @@ def rules(ablation: Ablation) -> tuple[Rule, ...]:
 @functools.cache
 def planner(ablation: Ablation) -> run.Planner:
     """The run.Planner of an ablation (one launch cache each)."""
-    return run.Planner(functools.partial(plan.choose_from, rules(ablation)),
-                       ablation.separate_launches)
+    table = rules(ablation)
+
+    def choose(p, operands, **call):
+        return plan.choose_from(table, p, operands, **call)
+
+    return run.Planner(choose, ablation.separate_launches)
 
 
 def _resolve(ablation) -> Ablation:
