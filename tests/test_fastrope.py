@@ -990,3 +990,33 @@ def test_ablation_suite_has_cases_every_fastrope_spec_runs():
 def test_fastrope_suites_exist(name):
     cases = get_suite(name)
     assert cases and all(isinstance(c, RopeCase) for c in cases)
+
+
+# ---- the experiment interface -------------------------------------------------------------------
+def test_experiment_variants_are_build_options():
+    """Each variant is rope.cu's ROPE_* macros; the design is built with none, and every macro
+    the options name is one rope.cu reads."""
+    from ports.fastrope import experiment
+
+    assert experiment.DESIGN.options == kernel.OPTIONS
+    v = experiment.Variant(plain_loads=True, plain_stores=True, traffic_only=True, min_blocks=2)
+    src = (pathlib.Path(kernel.__file__).parent / kernel.FILENAME).read_text()
+    for opt in v.options:
+        macro = opt[2:].split("=")[0]
+        assert f"#ifdef {macro}" in src, macro
+    with pytest.raises(ValueError, match="min_blocks"):
+        experiment.Variant(min_blocks=0)
+
+
+def test_experiment_plans_fix_the_shape(recorded_launches):
+    """experiment.plans gives the plans of a call; unroll and head splits fix the main kernel's
+    shape, the rest from the plan's arithmetic."""
+    from ports.fastrope import experiment
+
+    q = fake(rand(2, 64, 8, 64))
+    tables = dict(cos=rand(64, 64), sin=rand(64, 64))
+    (design,) = experiment.plans(q, **tables)
+    assert design.step
+    (fixed,) = experiment.plans(q, unroll=2, head_splits=4, **tables)
+    assert not fixed.step and fixed.unroll == 2 and fixed.grid[2] == 4
+    assert fixed.heads_per_split == 2 and fixed.block[1] == 2  # lanes: at most the split's heads

@@ -99,5 +99,5 @@ MODULE = _cupy.CudaModule(__package__, FILENAME, kernels=COMPILE_CHECKED, option
 @functools.cache
 def function_ptr(device_index: int, name: str) -> int:
     """Compile one instantiation for the device (once) and return its CUfunction."""
-    fn = _cupy._load(device_index, MODULE.source, FILENAME, OPTIONS, (name,))[name]
+    fn = _cupy.load(device_index, MODULE.source, FILENAME, OPTIONS, (name,))[name]
     return fn.ptr

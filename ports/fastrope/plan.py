@@ -220,7 +220,8 @@ def _past_l2_from_tables(f) -> bool:
 #   fixed_switches    the step kernel compiles the problem's switches in (off: reads them)
 #   vector            main kernel: the access width (None: the aligned width)
 #   unroll            main kernel: heads per thread per step
-#   head_splits       main kernel: split the heads over grid.z until the blocks cover the SMs
+#   head_splits       main kernel: True: split the heads over grid.z until the blocks cover the
+#                     SMs twice; False: no split; a number: that many splits (experiments)
 # Rows are checked in order; each setting comes from the first row that gives it and holds.
 RULES: tuple[Rule, ...] = (
     Rule("pair per thread in place", "A thread owns both halves", 
@@ -383,11 +384,13 @@ def choose_from(rules, p: Problem, operands: list[Operand], *, in_place: bool, b
                                   rows))
     if angle_bytes:
         tokens_per_block = max(1, min(tokens_per_block, SMEM_LIMIT // angle_bytes))
-    splits = 1
-    if _setting(rules, "head_splits", f):  # split the heads until the blocks cover the SMs twice
+    splits, head_splits = 1, _setting(rules, "head_splits", f)
+    if head_splits is True:  # split the heads until the blocks cover the SMs twice
         blocks = -(-rows // tokens_per_block) * grid_batch
         if blocks < 2 * f.sms:
             splits = min(htot, -(-2 * f.sms // blocks))
+    elif head_splits:
+        splits = min(htot, head_splits)
     heads_per_split = -(-htot // splits)
     splits = -(-htot // heads_per_split)
     lanes = min(lanes, heads_per_split)

@@ -22,11 +22,13 @@ from ports.fastrope.problem import Problem
 @dataclass(frozen=True, eq=False)
 class Planner:
     """How a call's launches are planned: ``choose`` (plan.choose's signature), q and k in one
-    launch or two, and the launches planned so far by input key (gradients are inputs of the
-    inverse rotation, with their own key)."""
+    launch or two, ``compile`` (kernel.function_ptr's signature; None: rope.cu as built for the
+    design) and the launches planned so far by input key (gradients are inputs of the inverse
+    rotation, with their own key)."""
 
     choose: Callable
     separate_launches: bool = False
+    compile: Callable | None = None
     entries: dict = field(default_factory=dict)
 
 
@@ -70,7 +72,10 @@ def _launches(planner: Planner, p: Problem, xs, outs, *, in_place: bool, backwar
     for group in groups:
         ops = [operands[i] for i in group]
         chosen = planner.choose(p, ops, in_place=in_place, backward=backward, cos=cos, sin=sin)
-        result.append((launcher.prepare(chosen, p, ops, backward=backward), tuple(group)))
+        function = (None if planner.compile is None
+                    else planner.compile(ops[0].src.get_device(), chosen.kernel))
+        result.append((launcher.prepare(chosen, p, ops, backward=backward, function=function),
+                       tuple(group)))
     return result
 
 
