@@ -87,11 +87,11 @@ COMPILE_CHECKED = tuple(
      kernel_name(torch.bfloat16, torch.bfloat16, 8, False, False, 32, 4, 0),
      kernel_name(torch.float16, torch.float32, 8, False, True, 32, 2, PAIR_PER_THREAD),
      step_kernel_name(torch.bfloat16, torch.bfloat16, 8, False, PAIR_PER_THREAD, 1,
-                      step_switches(1, False, False, False)),
+                      step_switches(Positions.OFFSETS, False, False, False)),
      step_kernel_name(torch.float32, torch.float32, 4, True, 0, 4,
-                      step_switches(2, True, True, True)),
+                      step_switches(Positions.IDS, True, True, True)),
      step_kernel_name(torch.float16, torch.float32, 4, False, PAIR_PER_THREAD | PLAIN_ACCESSES, 2,
-                      step_switches(0, False, True, False)),
+                      step_switches(Positions.ARANGE, False, True, False)),
      step_kernel_name(torch.bfloat16, torch.float32, 8, False, PAIR_PER_THREAD))
 MODULE = _cupy.CudaModule(__package__, FILENAME, kernels=COMPILE_CHECKED, options=OPTIONS)
 

@@ -128,29 +128,28 @@ def _capturing(q) -> bool:
     return q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def rotate(q, k=None, *, in_place: bool, inverse: bool = False, cos=None, sin=None,
-           positions=None, offsets=None, cu_seqlens=None, max_seqlen=None, style="rotate_half",
-           layout="bshd", rotary_dim=None, base=10000.0, inv_freq=None, check_positions=True):
+def rotate(q, k=None, *, in_place: bool, inverse: bool = False, check_positions=True,
+           **arguments):
     """Rotate q (and k) by theta (``inverse``: by -theta, the backward), without autograd.
 
-    The arguments are ``apply_rope``'s; ``in_place`` writes into q and k, else into new
-    contiguous outputs. Returns q's output, or (q's, k's). The position check
-    (``check_positions``) is skipped while the current stream is capturing a CUDA graph: it
-    reads device memory on the host.
+    ``arguments`` are ``apply_rope``'s keywords (:data:`ARGUMENT_DEFAULTS`); ``in_place``
+    writes into q and k, else into new contiguous outputs. Returns q's output, or (q's, k's).
+    The position check (``check_positions``) is skipped while the current stream is capturing a
+    CUDA graph: it reads device memory on the host.
     """
-    return rotate_planned(DESIGN, q, k, in_place=in_place, inverse=inverse, cos=cos, sin=sin,
-                          positions=positions, offsets=offsets, cu_seqlens=cu_seqlens,
-                          max_seqlen=max_seqlen, style=style, layout=layout,
-                          rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
-                          check_positions=check_positions)
+    return rotate_planned(DESIGN, q, k, in_place=in_place, inverse=inverse,
+                          check_positions=check_positions, **arguments)
 
 
 def rotate_planned(planner: Planner, q, k=None, *, in_place: bool, inverse: bool = False,
                    check_positions=True, **arguments):
-    """:func:`rotate` planned by ``planner``; ``arguments``: ``apply_rope``'s keywords."""
+    """:func:`rotate` planned by ``planner``."""
+    unknown = set(arguments) - set(ARGUMENT_DEFAULTS)
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(unknown))}")
     if inverse and k is not None and k.numel() and k.data_ptr() == q.data_ptr():
         k = k.clone()  # one gradient for both outputs; q and k must be distinct memory
-    arguments = dict(_ARGUMENT_DEFAULTS, **arguments)
+    arguments = dict(ARGUMENT_DEFAULTS, **arguments)
     key = problem.input_key(q=q, k=k, extra=(in_place, inverse), **arguments)
     entries = planner.entries
     entry = entries.get(key) if key is not None else None
@@ -175,7 +174,7 @@ def rotate_planned(planner: Planner, q, k=None, *, in_place: bool, inverse: bool
 
 
 # apply_rope's keywords after q and k, with their defaults (the validation's arguments).
-_ARGUMENT_DEFAULTS = dict(cos=None, sin=None, positions=None, offsets=None, cu_seqlens=None,
+ARGUMENT_DEFAULTS = dict(cos=None, sin=None, positions=None, offsets=None, cu_seqlens=None,
                           max_seqlen=None, style="rotate_half", layout="bshd", rotary_dim=None,
                           base=10000.0, inv_freq=None)
 
