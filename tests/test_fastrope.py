@@ -1020,3 +1020,13 @@ def test_experiment_plans_fix_the_shape(recorded_launches):
     (fixed,) = experiment.plans(q, unroll=2, head_splits=4, **tables)
     assert not fixed.step and fixed.unroll == 2 and fixed.grid[2] == 4
     assert fixed.heads_per_split == 2 and fixed.block[1] == 2  # lanes: at most the split's heads
+
+
+def test_design_names_every_rule_and_its_measurement():
+    """DESIGN.md's rule table names every row of plan.RULES, and each row's section is a
+    heading there."""
+    text = (pathlib.Path(plan.__file__).parent / "DESIGN.md").read_text()
+    headings = set(re.findall(r"^#+ (.+)$", text, flags=re.M))
+    for rule in plan.RULES:
+        assert f"| {rule.name} |" in text, rule.name
+        assert rule.section in headings, rule.section
