@@ -1030,3 +1030,27 @@ def test_design_names_every_rule_and_its_measurement():
     for rule in plan.RULES:
         assert f"| {rule.name} |" in text, rule.name
         assert rule.section in headings, rule.section
+
+
+@pytest.mark.parametrize("variant", [
+    dict(traffic_only=True), dict(plain_loads=True, plain_stores=True), dict(min_blocks=2)],
+    ids=["traffic_only", "plain", "min_blocks"])
+def test_experiment_variants_compile_for_sm90(variant):
+    """Each build option compiles rope.cu's instantiations (both kernels, both styles, both
+    angle sources) for sm_90 (NVRTC through CuPy; skipped where it cannot be loaded)."""
+    from ports import _cupy
+    from ports.fastrope import experiment
+
+    try:
+        _cupy.compile_source('extern "C" __global__ void k() {}', filename="probe.cu",
+                             options=(), name_expressions=[], arch="sm_90", method="ptx")
+    except Exception as e:  # noqa: BLE001 (any failure to load NVRTC)
+        pytest.skip(f"NVRTC cannot compile here: {e}")
+    names = [n for n in kernel.COMPILE_CHECKED if "__nv_bfloat16" in n][:6]
+    names += [n for n in kernel.COMPILE_CHECKED if n.startswith("rope_step<")][:2]
+    ptx, lowered = _cupy.compile_source(
+        kernel.MODULE.source, filename=kernel.FILENAME,
+        options=experiment.Variant(**variant).options, name_expressions=names, arch="sm_90",
+        method="ptx")
+    text = ptx.decode() if isinstance(ptx, bytes) else ptx
+    assert all(f".entry {lowered[n]}" in text for n in names)
