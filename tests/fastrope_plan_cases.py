@@ -149,7 +149,8 @@ def arguments(case: dict) -> tuple[list, dict]:
 
 def fake_device(monkeypatch_setattr, *, plan, kernel, launcher) -> list:
     """Fake the device side (``monkeypatch_setattr(module, name, value)``) and return the list
-    each launch is recorded into as a dict: its plan's fields, a digest of its packed per-problem parameters and the
+    each launch is recorded into as a dict: its plan's fields, a digest of its packed
+    per-problem parameters and the
     tensors it covers."""
     launches = []
     monkeypatch_setattr(plan, "sm_count", lambda index: SM_COUNT)
@@ -162,7 +163,8 @@ def fake_device(monkeypatch_setattr, *, plan, kernel, launcher) -> list:
     def record(lc, q_in, k_in, *pointers):
         fields = dataclasses.asdict(lc.plan)
         fields = {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}
-        launches.append(dict(fields, static=hashlib.sha1(lc.static).hexdigest()[:16], tensors=1 + bool(k_in)))
+        digest = hashlib.sha1(lc.static).hexdigest()[:16]
+        launches.append(dict(fields, static=digest, tensors=1 + bool(k_in)))
 
     monkeypatch_setattr(launcher, "launch", record)
     return launches

@@ -2,8 +2,8 @@
 
 The minimal kernel is rope.cu built with the rotation replaced by a copy
 (``experiment.Variant(traffic_only=True)``): the same plans (the step kernel or the main kernel),
-launches, loads (every table element) and stores, so it copies its input. A row that takes as long as its minimal kernel costs the memory
-traffic of its launch and nothing more.
+launches, loads (every table element) and stores, so it copies its input. A row that takes as
+long as its minimal kernel costs the memory traffic of its launch and nothing more.
 
 Cases: the peers suite's, where a peer led fastrope's row in its own mode (1x4096x32x128 with
 k, and the bf16 decode steps), and 4x4096 with k for scale. Rows, from the registry on the

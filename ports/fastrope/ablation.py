@@ -1,4 +1,5 @@
-"""Ablations: the package's kernel with one idea of its design switched off, off the production path.
+"""Ablations: the package's kernel with one idea of its design switched off, off the production
+path.
 
 Each :class:`Ablation` is a named set of plan rules put before the design's (plan.RULES: the
 first row that gives a setting and holds wins), and whether q and k go in separate launches.

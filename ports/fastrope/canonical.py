@@ -32,7 +32,8 @@ STYLES = frozenset({"rotate_half", "interleaved"})
 # Computed angles: pos * inv_freq in fp64 (exact to ~1e-16), then fp64 sincos rounded to fp32:
 # the only angle error left is far below the fp32 rounding of cos/sin that the steps cover.
 ANGLE_REL_ERR_FP64 = 1e-12
-# fp32_angles ablation (kernel.FP32_ANGLES): fp32 product and sincosf, ~2 fp32 roundings of the angle.
+# fp32_angles ablation (kernel.FP32_ANGLES): fp32 product and sincosf, ~2 fp32 roundings of the
+# angle.
 ANGLE_REL_ERR_FP32_ANGLE = 4e-7
 
 

@@ -167,7 +167,7 @@ def step_head_blocks(htot: int, chunks: int, heads: int, tokens: int, sms: int) 
     return max(fewest, min(smallest, -(-sms // tokens)))
 
 
-# ---- the rules ------------------------------------------------------------------------------------
+# ---- the rules --------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)  # hashed by identity
 class Rule:
     """One row of a plan table: where ``when(facts)`` holds, ``settings`` apply (a value, or a
