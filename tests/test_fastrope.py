@@ -755,7 +755,7 @@ def test_plan_16_bit_past_the_l2_takes_8_byte_accesses_and_2_heads_per_step(monk
     # step kernel by its work) keeps 16 bytes and 4 heads
     p = _plan(monkeypatch, big, l2=1 << 30)
     assert (p.vector, p.unroll, p.step) == (8, 4, False)
-    wide = _plan(monkeypatch, big, vector_cap=8, unroll=4)  # the ablation's Tuning
+    wide = _plan(monkeypatch, big, vector_cap=8, unroll=4)  # the wide_steps_past_l2 ablation
     assert (wide.vector, wide.unroll) == (8, 4)
 
 

@@ -19,7 +19,7 @@ Everything here is plain integer arithmetic on shapes, strides and addresses:
 * small and mid-sized problems (a decode step, a prefill up to ``step_work_bound`` times the
   resident threads) from given tables take rope.cu's step kernel instead: one thread per
   (token, chunk) and one head (in place on L2-sized 16-bit prefills, 2 or 4:
-  ``step_heads_per_thread``), grid (S, B, head blocks), 32-bit fields, the problem's switches
+  ``step_heads_filling_warps``), grid (S, B, head blocks), 32-bit fields, the problem's switches
   (position form, id width, table width, direction) compiled in.
 
 Every decision is a row of :data:`RULES`: a name, the condition on the problem's facts under
