@@ -635,7 +635,7 @@ def test_step_switches_pack_rope_cu_step_args():
     """kernel.step_switches packs the bits rope.cu's StepArgs<SWITCHES> unpacks."""
     src = (pathlib.Path(kernel.__file__).parent / kernel.FILENAME).read_text()
     unpack = dict(re.findall(r"static constexpr int (\w+) = \(?SWITCHES( >> \d+)?\)? & 1?3?", src))
-    assert unpack == {"positions": "", "pos_int32": " >> 2", "half_table": " >> 3",
+    assert unpack == {"positions": "", "position_int32": " >> 2", "half_table": " >> 3",
                       "backward": " >> 4"}
     assert [kernel.step_switches(m, *bits) for m, *bits in
             ((0, False, False, False), (2, False, False, False), (0, True, False, False),

@@ -62,12 +62,12 @@ enum Positions { POSITIONS_ARANGE = 0, POSITIONS_OFFSETS = 1, POSITIONS_IDS = 2 
 struct Params {
   // Per call (packed on every launch): pointers and the scalar position offset.
   unsigned long long in[2], out[2];             // q, k (k: 0 when absent); out == in in place
-  unsigned long long cos, sin, inv_freq, pos, cu_seqlens;
-  long long pos_add;                            // scalar added to every position
+  unsigned long long cos, sin, inv_freq, position_tensor, cu_seqlens;
+  long long offset;                             // the int offset added to every position
   // Per problem (packed once per shape, cached on the host).
   long long in_sb[2], in_ss[2], in_sh[2];       // element strides of batch, sequence, head
   long long out_sb[2], out_ss[2], out_sh[2];
-  long long pos_sb, pos_ss;                     // ids strides (offsets: pos_sb only)
+  long long position_sb, position_ss;           // ids strides (offsets: position_sb only)
   long long table_rows, table_stride;           // rows L and row stride of cos/sin
   int heads[2];                                 // q heads, k heads (0 without k)
   int seqlen;                                   // S (thd: total tokens T)
@@ -75,7 +75,7 @@ struct Params {
   int rot_chunks, tail_chunks;                  // chunk threads per row: rotary, pass-through
   int heads_per_split;                          // heads one block covers (grid.z splits)
   int positions;                                // enum Positions
-  int pos_int32;                                // positions tensor is int32 (else int64)
+  int position_int32;                           // the ids or offsets tensor is int32 (else int64)
   int half_table;                               // tables are [L, R/2] (one angle per pair)
   int half;                                     // R / 2
   int backward;                                 // rotate by -theta (the transpose)
@@ -88,25 +88,25 @@ struct Params {
 // against Params' 264: fewer argument lines for every block to read.
 struct StepParams {
   unsigned long long in[2], out[2];
-  unsigned long long cos, sin, inv_freq, pos, cu_seqlens;  // inv_freq, cu_seqlens: unused
-  long long pos_add;
+  unsigned long long cos, sin, inv_freq, position_tensor, cu_seqlens;  // inv_freq, cu_seqlens: unused
+  long long offset;
   int in_sb[2], in_ss[2], in_sh[2];
   int out_sb[2], out_ss[2], out_sh[2];
-  int pos_sb, pos_ss;
+  int position_sb, position_ss;
   int table_rows, table_stride;
   int heads[2];
   int rot_chunks, half;
-  int positions, pos_int32, half_table, backward;
+  int positions, position_int32, half_table, backward;
   static constexpr int nseq = 0;  // no thd: token_position's search is compiled out
 };
 // The step kernel's argument: StepParams whose four problem switches are template constants
-// (SWITCHES = positions | pos_int32 << 2 | half_table << 3 | backward << 4; the host's
+// (SWITCHES = positions | position_int32 << 2 | half_table << 3 | backward << 4; the host's
 // kernel.step_switches), so the position form, id width, table width and direction compile to
 // straight-line code; SWITCHES = -1 reads them at run time (the runtime_switches ablation). The
 // constants hide StepParams' fields of the same names; the bytes are StepParams'.
 template <int SWITCHES> struct StepArgs : StepParams {
   static constexpr int positions = SWITCHES & 3;
-  static constexpr int pos_int32 = (SWITCHES >> 2) & 1;
+  static constexpr int position_int32 = (SWITCHES >> 2) & 1;
   static constexpr int half_table = (SWITCHES >> 3) & 1;
   static constexpr int backward = (SWITCHES >> 4) & 1;
 };
@@ -205,8 +205,8 @@ __device__ __forceinline__ void store_chunk(T* p, const Chunk<T, V>& c) {
 
 template <typename P>
 __device__ __forceinline__ long long read_position(const P& p, long long i) {
-  return p.pos_int32 ? (long long)reinterpret_cast<const int*>(p.pos)[i]
-                     : reinterpret_cast<const long long*>(p.pos)[i];
+  return p.position_int32 ? (long long)reinterpret_cast<const int*>(p.position_tensor)[i]
+                          : reinterpret_cast<const long long*>(p.position_tensor)[i];
 }
 
 // The token's rotary position; for thd also its sequence.
@@ -225,9 +225,9 @@ __device__ __forceinline__ long long token_position(const P& p, int b, int s) {
     local = s - cu[lo];
   }
   long long pos = local;
-  if (p.positions == POSITIONS_OFFSETS) pos += read_position(p, seq * p.pos_sb);
-  else if (p.positions == POSITIONS_IDS) pos = read_position(p, b * p.pos_sb + (long long)s * p.pos_ss);
-  return pos + p.pos_add;
+  if (p.positions == POSITIONS_OFFSETS) pos += read_position(p, seq * p.position_sb);
+  else if (p.positions == POSITIONS_IDS) pos = read_position(p, b * p.position_sb + (long long)s * p.position_ss);
+  return pos + p.offset;
 }
 
 // Elements one chunk thread rotates per head: rotate-half pairs (a[i], b[i]) = (x[j], x[j + R/2]);

@@ -82,7 +82,7 @@ def _launches(planner: Planner, p: Problem, xs, outs, *, in_place: bool, backwar
 class _Call:
     """The per-call tensors and scalars of a validated problem (what the launch points at)."""
 
-    __slots__ = ("cos", "cu_seqlens", "inv_freq", "pos_add", "positions", "sin")
+    __slots__ = ("cos", "cu_seqlens", "inv_freq", "offset", "position_tensor", "sin")
 
     def __init__(self, p: Problem, q, *, cos, sin, positions, offsets, cu_seqlens, inv_freq):
         if p.tables_need_copy:
@@ -92,10 +92,10 @@ class _Call:
         if p.computed:
             self.inv_freq = p.default_inv_freq if inv_freq is None else \
                 inv_freq.to(device=q.device, dtype=torch.float64).contiguous()
-        self.positions = positions if positions is not None else (
+        self.position_tensor = positions if positions is not None else (  # ids or offsets
             offsets if isinstance(offsets, torch.Tensor) else None)
         self.cu_seqlens = cu_seqlens
-        self.pos_add = offsets if isinstance(offsets, int) else 0
+        self.offset = offsets if isinstance(offsets, int) else 0
 
 
 def _ptr(t) -> int:
@@ -104,13 +104,13 @@ def _ptr(t) -> int:
 
 def _execute(launches, c: _Call, xs, outs) -> None:
     cos, sin, inv = _ptr(c.cos), _ptr(c.sin), _ptr(c.inv_freq)
-    pos, cu = _ptr(c.positions), _ptr(c.cu_seqlens)
+    pos, cu = _ptr(c.position_tensor), _ptr(c.cu_seqlens)
     for lc, group in launches:
         a = group[0]
         b = group[1] if len(group) > 1 else None
         launcher.launch(lc, xs[a].data_ptr(), 0 if b is None else xs[b].data_ptr(),
                         outs[a].data_ptr(), 0 if b is None else outs[b].data_ptr(),
-                        cos, sin, inv, pos, cu, c.pos_add)
+                        cos, sin, inv, pos, cu, c.offset)
 
 
 def _new_outputs(xs):
