@@ -185,14 +185,16 @@ class CudaModule:
         """The compiled kernel ``name`` on device ``device_index`` (compiled once, then cached)."""
         functions = self._per_device.get(device_index)
         if functions is None:
-            functions = _load(device_index, self.source, self.filename, self.options, self.kernels)
+            functions = load(device_index, self.source, self.filename, self.options, self.kernels)
             self._per_device[device_index] = functions
         return functions[name]
 
 
 @functools.lru_cache(maxsize=None)
-def _load(device_index: int, source: str, filename: str, options: tuple[str, ...],
-          kernels: tuple[str, ...]) -> dict:
+def load(device_index: int, source: str, filename: str, options: tuple[str, ...],
+         kernels: tuple[str, ...]) -> dict:
+    """CUDA ``source`` compiled for device ``device_index`` with NVRTC ``options`` (once per
+    argument set): its ``kernels`` (names or template name expressions) as CuPy functions."""
     cp = cupy()
     major, minor = torch.cuda.get_device_capability(device_index)
     templated = [k for k in kernels if "<" in k]
@@ -202,6 +204,9 @@ def _load(device_index: int, source: str, filename: str, options: tuple[str, ...
         module = cp.cuda.function.Module()
         module.load(binary)
         return {k: module.get_function(lowered.get(k, k)) for k in kernels}
+
+
+_load = load  # the name callers used before ``load`` was public
 
 
 def _current_raw_stream(device_index: int) -> int:

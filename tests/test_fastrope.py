@@ -1,5 +1,5 @@
 """fastrope's host side, without a GPU: argument checks, the validated problem, the launch plan,
-the ablation tunings, the registry entries and the suites that run the kernel.
+the ablations, the registry entries and the suites that run the kernel.
 
 ``apply_rope`` promises that every bad argument raises on the host, before any launch (a kernel
 fault would poison the CUDA context). The dtype, rank, layout and style checks come before the
@@ -12,6 +12,7 @@ moved behind a launch, or went missing, fails here instead of touching a device.
 from __future__ import annotations
 
 import functools
+import inspect
 import pathlib
 import re
 import types
@@ -23,13 +24,13 @@ from ports import registry
 from ports.harness.suites import get_suite
 from ports.fastrope import ablation, kernel, launcher, plan, problem, run
 from ports.fastrope import MODULE, apply_rope, apply_rope_inplace
-from ports.fastrope.ablation import Tuning
+from ports.fastrope.plan import Rule
 from reference.case import RopeCase
 
 ENTRY_POINTS = [apply_rope, apply_rope_inplace]
 ENTRY_IDS = ["apply_rope", "apply_rope_inplace"]
 FASTROPE_NAMES = {"fastrope.rope", "fastrope.rope_computed", "fastrope.rope_inplace"}
-CHOOSE = plan.choose  # the real planner and packer, kept before the no_launch fixture
+CHOOSE = plan.choose_from  # the real planner and packer, kept before the no_launch fixture
 PREPARE = launcher.prepare  # replaces them
 LAUNCH = launcher.launch
 H100_L2_BYTES = 50 * 2**20  # torch's L2_cache_size on an H100
@@ -57,7 +58,7 @@ def no_launch(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("reached the launch side: the host checks should have raised first")
 
-    for module, name in ((plan, "choose"), (plan, "sm_count"), (plan, "l2_bytes"),
+    for module, name in ((plan, "choose_from"), (plan, "sm_count"), (plan, "l2_bytes"),
                          (launcher, "prepare"), (launcher, "launch")):
         monkeypatch.setattr(module, name, refuse)
 
@@ -282,7 +283,8 @@ def test_validate_sums_up_the_call():
         "bshd", True, 2, 5, 16, 8)
     assert not p.computed and p.table_dtype == torch.float32 and p.table_rows == 8
     assert p.table_stride == 8 and not p.tables_need_copy and not p.half_table
-    assert p.pos_mode == problem.POSITIONS_IDS and p.pos_strides == (5, 1) and p.pos_int32
+    assert p.positions == problem.Positions.IDS and p.position_strides == (5, 1)
+    assert p.position_int32
     assert p.default_inv_freq is None and p.nseq == 0
     with pytest.raises(TypeError):
         problem.Problem(**{f: getattr(p, f) for f in problem.Problem.__dataclass_fields__}, x=1)
@@ -297,40 +299,51 @@ def test_validate_computed_angles_and_packed_sequences():
     cu = torch.tensor([0, 2, 7], dtype=torch.int32)
     p = _validate(q, layout="thd", cu_seqlens=cu, offsets=torch.tensor([0, 4]))
     assert p.computed and p.table_dtype is None and p.nseq == 2 and (p.batch, p.seqlen) == (1, 7)
-    assert p.pos_mode == problem.POSITIONS_OFFSETS and p.pos_strides == (1, 0)
+    assert p.positions == problem.Positions.OFFSETS and p.position_strides == (1, 0)
     assert p.default_inv_freq.dtype == torch.float64 and p.default_inv_freq.shape == (4,)
     half = _validate(fake(rand(2, 5, 3, 16)), cos=rand(8, 8).t().contiguous().t(),
                      sin=rand(8, 8), offsets=3)
     assert half.tables_need_copy and half.table_stride == 8 and half.half_table
-    assert half.pos_mode == problem.POSITIONS_ARANGE
+    assert half.positions == problem.Positions.ARANGE
 
 
-def test_input_key_tells_tunings_and_in_place_apart():
+def test_input_key_tells_directions_and_in_place_apart():
     q = fake(rand(2, 5, 3, 16)).as_subclass(torch.Tensor)  # a plain tensor: cacheable
     key = functools.partial(problem.input_key, q=q, **ARGUMENTS)
-    assert key(extra=(None, False)) == key(extra=(None, False))
-    assert key(extra=(None, False)) != key(extra=(None, True))
-    assert key(extra=(Tuning(unroll=2), False)) != key(extra=(None, False))
+    assert key(extra=(False, False)) == key(extra=(False, False))
+    assert key(extra=(False, False)) != key(extra=(True, False))
+    assert key(extra=(False, True)) != key(extra=(False, False))
     assert problem.input_key(q=fake(q), extra=None, **ARGUMENTS) is None  # subclass: no cache
 
 
 # ---- ablations -----------------------------------------------------------------------------------
-def test_public_functions_take_no_tuning():
+def test_public_functions_take_no_ablation():
     for fn in ENTRY_POINTS:
-        with pytest.raises(TypeError, match="_tuning"):
-            fn(fake(rand(2, 4, 3, 8)), _tuning=Tuning())
+        with pytest.raises(TypeError, match="ablation"):
+            fn(fake(rand(2, 4, 3, 8)), ablation="one_head_per_step")
+    params = inspect.signature(run.rotate).parameters
+    assert "tuning" not in params and "ablation" not in params
 
 
 @pytest.mark.parametrize("fn", [ablation.apply_rope, ablation.apply_rope_inplace],
-                         ids=ENTRY_IDS)
+                         ids=["apply_rope", "apply_rope_inplace"])
 def test_ablation_functions_check_like_the_public_ones(fn):
-    """The ablation entry points run the same host checks, and want a Tuning."""
-    with pytest.raises(ValueError, match="q must be a CUDA tensor"):
-        fn(rand(2, 4, 3, 8), tuning=Tuning(unroll=1))
+    """The ablation entry points run the same host checks, and want a known ablation."""
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        fn(rand(2, 4, 3, 8), ablation="one_head_per_step")
     with pytest.raises(ValueError, match="rotary_dim"):
-        fn(fake(rand(2, 4, 3, 8)), rotary_dim=7, tuning=Tuning())
-    with pytest.raises(TypeError, match="tuning must be an ablation.Tuning"):
-        fn(fake(rand(2, 4, 3, 8)), tuning=dict(unroll=1))
+        fn(fake(rand(2, 4, 3, 8)), rotary_dim=7, ablation="scalar_access")
+    with pytest.raises(ValueError, match="unknown ablation 'unroll'"):
+        fn(fake(rand(2, 4, 3, 8)), ablation="unroll")
+    with pytest.raises(TypeError, match="ablation must be a name"):
+        fn(fake(rand(2, 4, 3, 8)), ablation=dict(unroll=1))
+
+
+def test_every_registry_ablation_is_a_named_ablation():
+    """Each fastrope-ablation.* row but full_tables (the design, given [L, R] tables) runs the
+    ablation of its name."""
+    rows = {s.name.split(".", 1)[1] for s in registry.select(["fastrope-ablation"])}
+    assert rows - {"full_tables"} <= set(ablation.ABLATIONS)
 
 
 @pytest.fixture
@@ -338,7 +351,7 @@ def recorded_launches(monkeypatch):
     """The real planner and packer with the device side faked (132 SMs, no compile, no launch):
     the list of Launches that calls make."""
     launches = []
-    monkeypatch.setattr(plan, "choose", CHOOSE)
+    monkeypatch.setattr(plan, "choose_from", CHOOSE)
     monkeypatch.setattr(plan, "sm_count", lambda index: 132)
     monkeypatch.setattr(plan, "l2_bytes", lambda index: H100_L2_BYTES)
     monkeypatch.setattr(launcher, "prepare", PREPARE)
@@ -350,22 +363,22 @@ def recorded_launches(monkeypatch):
     return launches
 
 
-def test_tunings_reach_the_launch(recorded_launches):
-    """The public call runs the design; the ablation calls change only what their tuning says,
-    and each tuning gets its own cached launches."""
+def test_ablations_reach_the_launch(recorded_launches):
+    """The public call runs the design; the ablation calls change only what their rules say,
+    and each ablation gets its own cached launches."""
     q, k = fake(rand(2, 16, 4, 64)), fake(rand(2, 16, 2, 64))
     tables = dict(cos=rand(16, 64), sin=rand(16, 64))
     apply_rope(q, k, **tables)
     (design,) = recorded_launches
-    assert design.plan.unroll == 1 and design.plan.vector == 4
-    ablation.apply_rope(q, k, tuning=Tuning(unroll=2, flags=kernel.DIVIDE), **tables)
+    assert design.plan.step and design.plan.vector == 4
+    ablation.apply_rope(q, k, ablation="divmod_index", **tables)
     tuned = recorded_launches[-1].plan
     # given tables: a thread owns both halves; data this small stays in the L2: plain accesses
-    flags = kernel.DIVIDE | kernel.BOTH_HALVES | kernel.NO_CACHE_HINTS
-    assert tuned.unroll == 2 and tuned.kernel.endswith(f", 2, {flags}>")
-    assert (tuned.vector, tuned.index_bits) == (design.plan.vector, design.plan.index_bits)
+    flags = kernel.FLAT_INDEX | kernel.PAIR_PER_THREAD | kernel.PLAIN_ACCESSES
+    assert not tuned.step and tuned.kernel.endswith(f", 1, {flags}>")
+    assert tuned.vector == design.plan.vector
     recorded_launches.clear()
-    ablation.apply_rope_inplace(q, k, tuning=Tuning(separate_launches=True), **tables)
+    ablation.apply_rope_inplace(q, k, ablation="separate_launches", **tables)
     assert len(recorded_launches) == 2  # q and k in two launches
     recorded_launches.clear()
     apply_rope(q, k, **tables)
@@ -408,31 +421,16 @@ def test_one_gradient_for_both_outputs_is_accepted(recorded_launches):
     assert len(recorded_launches) == 1
 
 
-@pytest.mark.parametrize("bad", [dict(flags=32), dict(flags=-1), dict(shape_rule="flat"),
-                                 dict(vector_cap=0), dict(unroll=2.0), dict(index_bits=16)])
-def test_bad_tunings_are_refused(bad):
-    with pytest.raises(ValueError, match=next(iter(bad))):
-        Tuning(**bad)
-
-
-def test_tuning_sets_the_plan_options(monkeypatch):
-    """Each tuning field reaches the planner under its own name; the default is the design."""
-    assert _plan(monkeypatch, **Tuning().plan_options()) == _plan(monkeypatch)
-    assert _plan(monkeypatch, **Tuning(vector_cap=2).plan_options()).vector == 2
-    assert _plan(monkeypatch, **Tuning(unroll=4).plan_options()).unroll == 4
-    assert _plan(monkeypatch, **Tuning(index_bits=64).plan_options()).index_bits == 64
-    flagged = _plan(monkeypatch, **Tuning(flags=kernel.DIVIDE).plan_options())
-    small = kernel.NO_CACHE_HINTS  # the default problem fits in the L2
-    assert _flags(flagged) == kernel.DIVIDE | kernel.BOTH_HALVES | small
-    one_half = _plan(monkeypatch, **Tuning(one_half_per_thread=True).plan_options())
-    assert _flags(one_half) == small and one_half.rot_chunks == 2 * _plan(monkeypatch).rot_chunks
-    assert _flags(_plan(monkeypatch, **Tuning(hints_at_every_size=True).plan_options())) == (
-        kernel.BOTH_HALVES)
-    assert _plan(monkeypatch, **Tuning(step_heads=2).plan_options(), shape=(64, 1, 32, 128),
-                 step_eligible=True).kernel.endswith(", 2, -1>")
-    assert _plan(monkeypatch, **Tuning(runtime_switches=True).plan_options(),
-                 shape=(64, 1, 32, 128), step_eligible=True,
-                 step_switches=1).kernel.endswith(", 1, -1>")
+def test_ablation_rows_come_before_the_design():
+    """An ablation's rows go first, so they win every setting they give; the default row gives
+    every setting a table decides."""
+    assert ablation.rules(ablation.ABLATIONS["int64_index"])[1:] == plan.RULES
+    default = plan.RULES[-1]
+    for a in ablation.ABLATIONS.values():
+        for rule in a.rules:
+            assert set(rule.settings) <= set(default.settings), a.name
+    with pytest.raises(ValueError, match="step heads"):
+        ablation.step_heads(0)
 
 
 def _flags(p) -> int:
@@ -450,12 +448,12 @@ def _flags(p) -> int:
 ], ids=["32MiB-inplace", "50MiB-inplace", "over-50MiB-inplace", "64MiB-out-of-place", "decode"])
 def test_streaming_hints_only_where_the_data_outgrows_the_l2(monkeypatch, shape, in_place, hints):
     """Evict-first accesses only when the bytes the call reads and writes exceed the L2 (50 MiB
-    here); the hints_at_every_size tuning keeps them at every size."""
+    here); the hints_at_every_size ablation keeps them at every size."""
     kw = dict(shape=shape, in_place=in_place, step_eligible=True)
-    streaming = not _flags(_plan(monkeypatch, **kw)) & kernel.NO_CACHE_HINTS
+    streaming = not _flags(_plan(monkeypatch, **kw)) & kernel.PLAIN_ACCESSES
     assert streaming == hints
-    always = _plan(monkeypatch, **kw, **Tuning(hints_at_every_size=True).plan_options())
-    assert not _flags(always) & kernel.NO_CACHE_HINTS
+    always = _plan(monkeypatch, **kw, hints_at_every_size=True)
+    assert not _flags(always) & kernel.PLAIN_ACCESSES
 
 
 def test_compile_checked_instantiations_cover_the_kernel():
@@ -471,14 +469,14 @@ def test_compile_checked_instantiations_cover_the_kernel():
     switches = {int(a[6]) for a in step}
     assert kernel.RUNTIME_SWITCHES in switches
     assert all(any(sw >= 0 and sw & bit for sw in switches) for bit in (1, 2, 4, 8, 16))
-    # study_rope<T, TT, V, INTERLEAVED, COMPUTED, IDX, UNROLL, FLAGS>
-    args = [n[n.index("<") + 1:-1].split(", ") for n in names if n.startswith("study_rope<")]
+    # rope_rows<T, TT, V, INTERLEAVED, COMPUTED, IDX, UNROLL, FLAGS>
+    args = [n[n.index("<") + 1:-1].split(", ") for n in names if n.startswith("rope_rows<")]
     assert {a[0] for a in args} == set(kernel.CTYPE.values())
     assert {(a[3], a[4]) for a in args} == {(i, c) for i in ("false", "true")
                                             for c in ("false", "true")}
     assert {a[5] for a in args} == {"int", "long long"}
-    for flag in (kernel.RELOAD_TABLE, kernel.NO_CACHE_HINTS, kernel.ANGLE_FP32, kernel.DIVIDE,
-                 kernel.BOTH_HALVES):
+    for flag in (kernel.TABLE_PER_HEAD, kernel.PLAIN_ACCESSES, kernel.FP32_ANGLES,
+                 kernel.FLAT_INDEX, kernel.PAIR_PER_THREAD):
         assert any(int(a[7]) & flag for a in args), flag
 
 
@@ -562,7 +560,12 @@ def test_vector_width_satisfies_every_constraint(seed):
 # ---- the plan (sm count faked) ------------------------------------------------------------------
 def _plan(monkeypatch, shape=(2, 16, 4, 128), dtype=torch.bfloat16, rotary_dim=None, k_heads=None,
           interleaved=False, computed=False, in_place=False, src_strides=None,
-          tables_dtype=torch.float32, l2=H100_L2_BYTES, **kw):
+          tables_dtype=torch.float32, l2=H100_L2_BYTES, step_eligible=False, step_switches=None,
+          **changes):
+    """The plan of a bshd problem. ``step_eligible=False`` keeps the step kernel off (the
+    caller's conditions unmet); ``step_switches`` (kernel.step_switches) gives the position
+    form, id width, table width and direction (None: read at run time, the runtime_switches
+    ablation); ``changes``: rules put before the design's (:func:`_rows`)."""
     monkeypatch.setattr(plan, "sm_count", lambda index: 132)
     monkeypatch.setattr(plan, "l2_bytes", lambda index: l2)
     b, s, h, d = shape
@@ -573,19 +576,57 @@ def _plan(monkeypatch, shape=(2, 16, 4, 128), dtype=torch.bfloat16, rotary_dim=N
         out = x if in_place else torch.empty_like(x)
         st = lambda t: (t.stride(0), t.stride(1), t.stride(2))
         ops.append(plan.Operand(x, out, heads, src_strides or st(x), st(out)))
-    tables = None if computed else (rand(s, rot).to(tables_dtype), rand(s, rot).to(tables_dtype),
-                                    False)
-    return CHOOSE(operands=ops, batch=b, seqlen=s, head_dim=d, rotary_dim=rot,
-                interleaved=interleaved, tables=tables, computed=computed, in_place=in_place,
-                **kw)
+    sw = 0 if step_switches is None else step_switches
+    cos, sin = (None, None) if computed else (rand(s, rot).to(tables_dtype),
+                                              rand(s, rot).to(tables_dtype))
+    p = problem.Problem(
+        layout="bshd", interleaved=interleaved, batch=b, seqlen=s, head_dim=d, rotary_dim=rot,
+        computed=computed, table_dtype=None if computed else tables_dtype,
+        table_rows=0 if computed else s, table_stride=0 if computed else rot,
+        tables_need_copy=False, half_table=bool(sw >> 3 & 1), default_inv_freq=None,
+        positions=problem.Positions(sw & 3), position_strides=(0, 0),
+        position_int32=bool(sw >> 2 & 1), nseq=0, max_seqlen=None)
+    rows = _rows(**changes)
+    if not step_eligible:
+        rows += (Rule("test: step kernel off", "", plan.always, dict(step_kernel=False)),)
+    if step_switches is None:
+        rows += (Rule("test: switches at run time", "", plan.always,
+                      dict(fixed_switches=False)),)
+    return CHOOSE(rows + plan.RULES, p, ops, in_place=in_place, backward=bool(sw >> 4 & 1),
+                  cos=cos, sin=sin)
+
+
+# The ablations _plan's keywords name (ablation.ABLATIONS), and the settings of the others.
+_NAMED = {("shape_rule", "fixed"): "fixed_launch", ("index_bits", 64): "int64_index",
+          ("step_kernel", False): "no_step_kernel", ("memory_order", False):
+          "sequence_per_block_row", ("one_half_per_thread", True): "one_half_per_thread",
+          ("hints_at_every_size", True): "hints_at_every_size",
+          ("runtime_switches", True): "runtime_switches", ("flags", kernel.FLAT_INDEX):
+          "divmod_index"}
+
+
+def _rows(vector_cap=None, unroll=None, step_heads=None, **named) -> tuple:
+    rows = ()
+    for item in named.items():
+        rows += ablation.ABLATIONS[_NAMED[item]].rules
+    if step_heads is not None:
+        rows += ablation.step_heads(step_heads).rules
+    settings = {}
+    if vector_cap is not None:
+        settings.update(vector_cap=vector_cap, vector=None, unroll=plan.unroll_from_work)
+    if unroll is not None:
+        settings.update(unroll=unroll, vector=None, step_kernel=False)
+    if settings:
+        rows += (Rule("test: fixed vector or heads per step", "", plan.always, settings),)
+    return rows
 
 
 def test_kernel_name_is_the_template_instantiation():
     assert (kernel.kernel_name(torch.bfloat16, torch.float32, 8, False, True, 32, 4)
-            == "study_rope<__nv_bfloat16, float, 8, false, true, int, 4, 0>")
+            == "rope_rows<__nv_bfloat16, float, 8, false, true, int, 4, 0>")
     assert (kernel.kernel_name(torch.float16, torch.float16, 2, True, False, 64, 1, 5)
-            == "study_rope<__half, __half, 2, true, false, long long, 1, 5>")
-    assert (kernel.step_kernel_name(torch.bfloat16, torch.float32, 8, False, kernel.BOTH_HALVES,
+            == "rope_rows<__half, __half, 2, true, false, long long, 1, 5>")
+    assert (kernel.step_kernel_name(torch.bfloat16, torch.float32, 8, False, kernel.PAIR_PER_THREAD,
                                     2, kernel.step_switches(2, True, False, True))
             == "rope_step<__nv_bfloat16, float, 8, false, 16, 2, 22>")
 
@@ -594,13 +635,21 @@ def test_step_switches_pack_rope_cu_step_args():
     """kernel.step_switches packs the bits rope.cu's StepArgs<SWITCHES> unpacks."""
     src = (pathlib.Path(kernel.__file__).parent / kernel.FILENAME).read_text()
     unpack = dict(re.findall(r"static constexpr int (\w+) = \(?SWITCHES( >> \d+)?\)? & 1?3?", src))
-    assert unpack == {"pos_mode": "", "pos_int32": " >> 2", "half_table": " >> 3",
+    assert unpack == {"positions": "", "position_int32": " >> 2", "half_table": " >> 3",
                       "backward": " >> 4"}
     assert [kernel.step_switches(m, *bits) for m, *bits in
             ((0, False, False, False), (2, False, False, False), (0, True, False, False),
              (0, False, True, False), (0, False, False, True))] == [0, 2, 4, 8, 16]
-    with pytest.raises(ValueError, match="pos_mode"):
+    with pytest.raises(ValueError, match="positions"):
         kernel.step_switches(3, False, False, False)
+
+
+def test_positions_are_encoded_once():
+    """rope.cu's enum Positions spells problem.Positions' values."""
+    src = (pathlib.Path(kernel.__file__).parent / kernel.FILENAME).read_text()
+    enum = re.search(r"enum Positions \{([^}]*)\}", src).group(1)
+    spelled = {name: int(v) for name, v in re.findall(r"POSITIONS_(\w+) = (\d+)", enum)}
+    assert spelled == {m.name: m.value for m in problem.Positions}
 
 
 @pytest.mark.parametrize("shape,k_heads,rotary_dim,computed", [
@@ -634,10 +683,10 @@ def test_plan_covers_the_problem_within_block_limits(monkeypatch, shape, k_heads
         assert p.shared_mem >= 2 * rot * 4 * tokens  # cos and sin rows [R] fp32 per token
     else:
         assert p.shared_mem == 0
-    hints = _flags(p) & kernel.NO_CACHE_HINTS  # from the size (its own test)
+    hints = _flags(p) & kernel.PLAIN_ACCESSES  # from the size (its own test)
     assert p.kernel == kernel.kernel_name(torch.bfloat16, torch.float32, p.vector, False,
                                            computed, p.index_bits, p.unroll,
-                                           (0 if computed else kernel.BOTH_HALVES) | hints)
+                                           (0 if computed else kernel.PAIR_PER_THREAD) | hints)
 
 
 def test_plan_walks_sbhd_tokens_in_memory_order(monkeypatch):
@@ -688,7 +737,7 @@ def test_plan_16_bit_past_the_l2_takes_8_byte_accesses_and_2_heads_per_step(monk
             p = _plan(monkeypatch, big, dtype=dtype, in_place=in_place)
             assert (p.vector, p.unroll, p.block) == (4, 2, (16, 16, 1)), (dtype, in_place)
             assert p.kernel == kernel.kernel_name(dtype, torch.float32, 4, False, False, 32, 2,
-                                                  kernel.BOTH_HALVES)
+                                                  kernel.PAIR_PER_THREAD)
     # GQA: 40 heads in one pass of 10 lanes x 4 heads (2 heads: 16 lanes, then a pass of 4);
     # 72 heads: 2 heads (3 passes of 16 lanes leave 24 slots idle, 2 passes of 4 heads 56)
     for in_place in (False, True):
@@ -706,7 +755,7 @@ def test_plan_16_bit_past_the_l2_takes_8_byte_accesses_and_2_heads_per_step(monk
     # step kernel by its work) keeps 16 bytes and 4 heads
     p = _plan(monkeypatch, big, l2=1 << 30)
     assert (p.vector, p.unroll, p.step) == (8, 4, False)
-    wide = _plan(monkeypatch, big, vector_cap=8, unroll=4)  # the ablation's Tuning
+    wide = _plan(monkeypatch, big, vector_cap=8, unroll=4)  # the wide_steps_past_l2 ablation
     assert (wide.vector, wide.unroll) == (8, 4)
 
 
@@ -758,7 +807,7 @@ def test_plan_small_problems_take_the_step_kernel(monkeypatch):
     # rotate-half: a thread owns a chunk of each half (8 chunk threads per row of 128 bf16)
     # (a decode step's data fits in the L2: plain accesses)
     assert p.step and p.kernel == kernel.step_kernel_name(
-        torch.bfloat16, torch.float32, 8, False, kernel.BOTH_HALVES | kernel.NO_CACHE_HINTS)
+        torch.bfloat16, torch.float32, 8, False, kernel.PAIR_PER_THREAD | kernel.PLAIN_ACCESSES)
     # 40 heads x 8 chunks: 2 blocks would hold them; 64 tokens x 3 blocks of 14 heads cover
     # the 132 SMs
     assert p.grid == (1, 64, 3) and p.block == (8, 14, 1) and p.index_bits == 32
@@ -783,9 +832,9 @@ def test_plan_small_problems_take_the_step_kernel(monkeypatch):
     partial = _plan(monkeypatch, **decode, rotary_dim=64, step_eligible=True)
     assert partial.rot_chunks == 4 and partial.tail_chunks == 8 and partial.block[0] == 12
     for kw in (dict(computed=True), dict(step_kernel=False), dict(unroll=1),
-               dict(shape_rule="fixed"), dict(index_bits=64), dict(flags=kernel.DIVIDE)):
+               dict(shape_rule="fixed"), dict(index_bits=64), dict(flags=kernel.FLAT_INDEX)):
         other = _plan(monkeypatch, **decode, **{"step_eligible": True, **kw})
-        assert not other.step and other.kernel.startswith("study_rope<"), kw
+        assert not other.step and other.kernel.startswith("rope_rows<"), kw
     assert not _plan(monkeypatch, **decode).step  # the caller's conditions unmet
 
 
@@ -941,3 +990,67 @@ def test_ablation_suite_has_cases_every_fastrope_spec_runs():
 def test_fastrope_suites_exist(name):
     cases = get_suite(name)
     assert cases and all(isinstance(c, RopeCase) for c in cases)
+
+
+# ---- the experiment interface -------------------------------------------------------------------
+def test_experiment_variants_are_build_options():
+    """Each variant is rope.cu's ROPE_* macros; the design is built with none, and every macro
+    the options name is one rope.cu reads."""
+    from ports.fastrope import experiment
+
+    assert experiment.DESIGN.options == kernel.OPTIONS
+    v = experiment.Variant(plain_loads=True, plain_stores=True, traffic_only=True, min_blocks=2)
+    src = (pathlib.Path(kernel.__file__).parent / kernel.FILENAME).read_text()
+    for opt in v.options:
+        macro = opt[2:].split("=")[0]
+        assert f"#ifdef {macro}" in src, macro
+    with pytest.raises(ValueError, match="min_blocks"):
+        experiment.Variant(min_blocks=0)
+
+
+def test_experiment_plans_fix_the_shape(recorded_launches):
+    """experiment.plans gives the plans of a call; unroll and head splits fix the main kernel's
+    shape, the rest from the plan's arithmetic."""
+    from ports.fastrope import experiment
+
+    q = fake(rand(2, 64, 8, 64))
+    tables = dict(cos=rand(64, 64), sin=rand(64, 64))
+    (design,) = experiment.plans(q, **tables)
+    assert design.step
+    (fixed,) = experiment.plans(q, unroll=2, head_splits=4, **tables)
+    assert not fixed.step and fixed.unroll == 2 and fixed.grid[2] == 4
+    assert fixed.heads_per_split == 2 and fixed.block[1] == 2  # lanes: at most the split's heads
+
+
+def test_design_names_every_rule_and_its_measurement():
+    """DESIGN.md's rule table names every row of plan.RULES, and each row's section is a
+    heading there."""
+    text = (pathlib.Path(plan.__file__).parent / "DESIGN.md").read_text()
+    headings = set(re.findall(r"^#+ (.+)$", text, flags=re.M))
+    for rule in plan.RULES:
+        assert f"| {rule.name} |" in text, rule.name
+        assert rule.section in headings, rule.section
+
+
+@pytest.mark.parametrize("variant", [
+    dict(traffic_only=True), dict(plain_loads=True, plain_stores=True), dict(min_blocks=2)],
+    ids=["traffic_only", "plain", "min_blocks"])
+def test_experiment_variants_compile_for_sm90(variant):
+    """Each build option compiles rope.cu's instantiations (both kernels, both styles, both
+    angle sources) for sm_90 (NVRTC through CuPy; skipped where it cannot be loaded)."""
+    from ports import _cupy
+    from ports.fastrope import experiment
+
+    try:
+        _cupy.compile_source('extern "C" __global__ void k() {}', filename="probe.cu",
+                             options=(), name_expressions=[], arch="sm_90", method="ptx")
+    except Exception as e:  # noqa: BLE001 (any failure to load NVRTC)
+        pytest.skip(f"NVRTC cannot compile here: {e}")
+    names = [n for n in kernel.COMPILE_CHECKED if "__nv_bfloat16" in n][:6]
+    names += [n for n in kernel.COMPILE_CHECKED if n.startswith("rope_step<")][:2]
+    ptx, lowered = _cupy.compile_source(
+        kernel.MODULE.source, filename=kernel.FILENAME,
+        options=experiment.Variant(**variant).options, name_expressions=names, arch="sm_90",
+        method="ptx")
+    text = ptx.decode() if isinstance(ptx, bytes) else ptx
+    assert all(f".entry {lowered[n]}" in text for n in names)

@@ -44,7 +44,7 @@ def _token_positions(x, layout, positions, offsets, cu_seqlens):
     return pos + (offsets.long()[:, None] if isinstance(offsets, torch.Tensor) else offsets or 0)
 
 
-def _oracle_rotate(q, k=None, *, in_place, inverse=False, tuning=None, cos=None, sin=None,
+def _oracle_rotate(q, k=None, *, in_place, inverse=False, cos=None, sin=None,
                    positions=None, offsets=None, cu_seqlens=None, max_seqlen=None,
                    style="rotate_half", layout="bshd", rotary_dim=None, base=10000.0,
                    inv_freq=None, check_positions=True):
@@ -209,16 +209,25 @@ def test_autograd_in_place_matches_out_of_place(oracle_kernel, monkeypatch, with
 
 
 @pytest.mark.parametrize("in_place", [False, True])
-def test_ablation_autograd_rotates_the_gradient_back(oracle_kernel, in_place):
-    """The ablation functions (a tuning, so no op) record their own autograd: the backward is the
-    inverse rotation with the same tuning."""
+def test_ablation_autograd_rotates_the_gradient_back(monkeypatch, in_place):
+    """The ablation functions (their own plans, so no op) record their own autograd: the
+    backward is the inverse rotation with the same ablation."""
+    planners = []
+
+    def planned(planner, q, k=None, **kw):
+        planners.append(planner)
+        return _oracle_rotate(q, k, **kw)
+
+    monkeypatch.setattr(run, "rotate_planned", planned)
     cos, sin = _rand(16, 16), _rand(16, 16)
     leaf = _rand(2, 5, 4, 16).requires_grad_(True)
     fn = ablation.apply_rope_inplace if in_place else ablation.apply_rope
-    out = fn(leaf.clone() if in_place else leaf, cos=cos, sin=sin, tuning=ablation.Tuning())
+    out = fn(leaf.clone() if in_place else leaf, cos=cos, sin=sin, ablation="table_per_head")
     dy = torch.randn_like(out)
     (grad,) = torch.autograd.grad(out, leaf, dy)
     assert torch.equal(grad, _oracle_rotate(dy, in_place=False, inverse=True, cos=cos, sin=sin))
+    want = ablation.planner(ablation.ABLATIONS["table_per_head"])
+    assert planners == [want, want] and want is not run.DESIGN
 
 
 def test_offsets_of_another_type_are_refused_on_the_op_path(monkeypatch):

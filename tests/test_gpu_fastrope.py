@@ -559,25 +559,26 @@ def test_heads_per_step_do_not_change_the_bits(style, positions):
                 sin=first_members(inputs.sin, style).contiguous())
     grads = [torch.randn_like(x) for x in inputs.xs]
 
-    def run(tables, tuning=None, in_place=False):
-        """Outputs and gradients; the public functions (the design) when ``tuning`` is None."""
+    def run(tables, variant=None, in_place=False):
+        """Outputs and gradients; the public functions (the design) when ``variant`` (an
+        ablation) is None."""
         leaves = [x.detach().clone().requires_grad_(True) for x in inputs.xs]
-        if tuning is None:
+        if variant is None:
             fn = apply_rope_inplace if in_place else apply_rope
         else:
             fn = functools.partial(
-                ablation.apply_rope_inplace if in_place else ablation.apply_rope, tuning=tuning)
+                ablation.apply_rope_inplace if in_place else ablation.apply_rope,
+                ablation=variant)
         outs = _tuple(fn(*([x.clone() for x in leaves] if in_place else leaves), **kw, **tables))
         torch.autograd.backward(outs, grads)
         return [o.detach() for o in outs] + [x.grad for x in leaves]
 
     for tables in (dict(cos=inputs.cos, sin=inputs.sin), half):
         base = run(tables)
-        tunings = (ablation.Tuning(step_kernel=False), ablation.Tuning(unroll=2),
-                   ablation.Tuning(unroll=4))
-        for tuning, in_place in itertools.product(tunings, (False, True)):
-            got = run(tables, tuning, in_place)
-            assert all(_same_bits(a, b) for a, b in zip(got, base)), (tuning, in_place)
+        variants = ("no_step_kernel", ablation.heads_per_step(2), ablation.heads_per_step(4))
+        for variant, in_place in itertools.product(variants, (False, True)):
+            got = run(tables, variant, in_place)
+            assert all(_same_bits(a, b) for a, b in zip(got, base)), (variant, in_place)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
@@ -601,7 +602,8 @@ def test_computed_angle_steps_fit_three_blocks_with_the_same_bits(dtype):
         leaves = [x.detach().clone().requires_grad_(True) for x in inputs.xs]
         fn = ablation.apply_rope_inplace if in_place else ablation.apply_rope
         xs = [x.clone() for x in leaves] if in_place else leaves
-        outs = _tuple(fn(*xs, inv_freq=inputs.inv_freq, tuning=ablation.Tuning(unroll=unroll)))
+        outs = _tuple(fn(*xs, inv_freq=inputs.inv_freq,
+                         ablation=ablation.heads_per_step(unroll)))
         torch.autograd.backward(outs, grads)
         return [o.detach() for o in outs] + [x.grad for x in leaves]
 
@@ -626,8 +628,9 @@ def test_past_the_l2_plans_keep_the_bits(monkeypatch, dtype, kv_heads, out_of_pl
     from cupy_backends.cuda.api import driver
 
     chosen = []
-    real = plan.choose
-    monkeypatch.setattr(plan, "choose", lambda **kw: chosen.append(real(**kw)) or chosen[-1])
+    real = plan.choose_from
+    monkeypatch.setattr(plan, "choose_from",
+                        lambda *a, **kw: chosen.append(real(*a, **kw)) or chosen[-1])
     htot, token_bytes = 32 + (kv_heads or 0), 32 * 128 * 2
     seqlen = 256 + max(plan.l2_bytes(0) // token_bytes,
                        8 * plan.sm_count(0) * 2048 // (htot * 8))
@@ -636,17 +639,18 @@ def test_past_the_l2_plans_keep_the_bits(monkeypatch, dtype, kv_heads, out_of_pl
     inputs = make_inputs(case, _seed(case), DEV)
     grads = [torch.randn_like(x) for x in inputs.xs]
 
-    def run(tuning, in_place):
+    def run(variant, in_place):
         leaves = [x.detach().clone().requires_grad_(True) for x in inputs.xs]
-        fn = ablation.apply_rope_inplace if in_place else ablation.apply_rope
-        outs = _tuple(fn(*([x.clone() for x in leaves] if in_place else leaves), tuning=tuning,
+        fn = _design(in_place) if variant is None else functools.partial(
+            ablation.apply_rope_inplace if in_place else ablation.apply_rope, ablation=variant)
+        outs = _tuple(fn(*([x.clone() for x in leaves] if in_place else leaves),
                          cos=inputs.cos, sin=inputs.sin))
         torch.autograd.backward(outs, grads)
         return [o.detach() for o in outs] + [x.grad for x in leaves]
 
     for mode, forward in ((False, out_of_place), (True, in_place)):
         chosen.clear()
-        got = run(ablation.DESIGN, mode)
+        got = run(None, mode)
         # the forward, then the backward (out of place on dy) where not cached
         plans = [(p.vector, p.unroll) for p in chosen]
         assert plans and plans[0] == forward and set(plans) <= {forward, out_of_place}, plans
@@ -656,7 +660,7 @@ def test_past_the_l2_plans_keep_the_bits(monkeypatch, dtype, kv_heads, out_of_pl
                                            kernel.function_ptr(DEV.index or 0, chosen[0].kernel))
             assert blocks * 256 * regs <= 65536, f"{chosen[0].kernel}: {regs} registers"
         chosen.clear()
-        wide = run(ablation.Tuning(vector_cap=8, unroll=4), mode)
+        wide = run("wide_steps_past_l2", mode)
         sixteen_bytes = 16 // inputs.xs[0].element_size()
         assert chosen and all((p.vector, p.unroll) == (sixteen_bytes, 4) for p in chosen), chosen
         assert all(_same_bits(a, b) for a, b in zip(got, wide)), mode
@@ -670,10 +674,11 @@ def test_mid_sized_problems_take_the_step_kernel_with_the_main_kernels_bits(
         monkeypatch, layout, dtype, positions):
     """A prefill of about 3x the resident threads' chunk-rows (sized from this GPU's SMs; under
     plan.step_work_bound) takes the step kernel; its outputs and gradients (asymmetric tables)
-    are the main kernel's bits (the step_kernel=False ablation), out of place and in place."""
+    are the main kernel's bits (the no_step_kernel ablation), out of place and in place."""
     chosen = []
-    real = plan.choose
-    monkeypatch.setattr(plan, "choose", lambda **kw: chosen.append(real(**kw)) or chosen[-1])
+    real = plan.choose_from
+    monkeypatch.setattr(plan, "choose_from",
+                        lambda *a, **kw: chosen.append(real(*a, **kw)) or chosen[-1])
     chunks = 8 if dtype != "fp32" else 16  # 16-byte chunk threads per row of 128
     batch, kv = (1, 8) if layout != "bhsd" else (2, None)
     htot = 32 + (kv or 0)
@@ -687,26 +692,31 @@ def test_mid_sized_problems_take_the_step_kernel_with_the_main_kernels_bits(
                "ids": dict(positions=inputs.positions)}.get(positions, {}))
     grads = [torch.randn_like(x) for x in inputs.xs]
 
-    def run(tuning, in_place):
+    def run(variant, in_place):
         leaves = [x.detach().clone().requires_grad_(True) for x in inputs.xs]
-        fn = ablation.apply_rope_inplace if in_place else ablation.apply_rope
-        outs = _tuple(fn(*([x.clone() for x in leaves] if in_place else leaves), tuning=tuning,
+        fn = _design(in_place) if variant is None else functools.partial(
+            ablation.apply_rope_inplace if in_place else ablation.apply_rope, ablation=variant)
+        outs = _tuple(fn(*([x.clone() for x in leaves] if in_place else leaves),
                          **kw))
         torch.autograd.backward(outs, grads)
         return [o.detach() for o in outs] + [x.grad for x in leaves]
 
     for in_place in (False, True):
         chosen.clear()
-        got = run(ablation.DESIGN, in_place)
+        got = run(None, in_place)
         assert chosen and all(p.step for p in chosen), [p.kernel for p in chosen]
         # in place on 16-bit data past 2x the resident threads: 2 or 4 heads per thread
         assert chosen[0].unroll == (1 if not in_place or dtype == "fp32" else 4 if kv is None
                                     else 2)
         chosen.clear()
-        main = run(ablation.Tuning(step_kernel=False), in_place)
+        main = run("no_step_kernel", in_place)
         assert chosen and not any(p.step for p in chosen), [p.kernel for p in chosen]
         assert all(_same_bits(a, b) for a, b in zip(got, main)), in_place
         assert not torch.equal(got[0], inputs.xs[0])  # rotated
+
+
+def _design(in_place):
+    return apply_rope_inplace if in_place else apply_rope
 
 
 def test_empty_inputs_and_zero_head_k():

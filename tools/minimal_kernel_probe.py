@@ -1,39 +1,33 @@
 """fastrope's rows against their minimal kernels, where a peer leads them. (Needs a GPU.)
 
-The minimal kernel is rope.cu with the rotation replaced by a copy (``_probe_kit.traffic_only``):
-the same plans (the step kernel or the main kernel), launches, loads (every table element) and
-stores, so it copies its input. A row that takes as long as its minimal kernel costs the memory
-traffic of its launch and nothing more.
+The minimal kernel is rope.cu built with the rotation replaced by a copy
+(``experiment.Variant(traffic_only=True)``): the same plans (the step kernel or the main kernel),
+launches, loads (every table element) and stores, so it copies its input. A row that takes as
+long as its minimal kernel costs the memory traffic of its launch and nothing more.
 
 Cases: the peers suite's, where a peer led fastrope's row in its own mode (1x4096x32x128 with
 k, and the bf16 decode steps), and 4x4096 with k for scale. Rows, from the registry on the
-suite's inputs: fastrope.rope and fastrope.rope_inplace (the design, then with every kernel
-loaded from the minimal source), Liger (in place, handed its rows) and flash-attn; CUDA-graph us,
+suite's inputs: fastrope.rope and fastrope.rope_inplace (the design, then built as the minimal
+kernel), Liger (in place, handed its rows) and flash-attn; CUDA-graph us,
 the minimum of 3 interleaved medians. The minimal rows' outputs are checked to equal the inputs.
 
     python -m tools.minimal_kernel_probe
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from ports import _cupy, registry
-from ports.fastrope import kernel, run
+from ports import registry
+from ports.fastrope import experiment
 from ports.harness.suites import get_suite
 from ports.harness.timing import graph_median_us
 from reference.case import make_inputs
-from tools._probe_kit import min_of_interleaved, traffic_only
+from reference.tables import first_members
+from tools._probe_kit import min_of_interleaved
 
 FASTROPE = ("fastrope.rope", "fastrope.rope_inplace")
 PEERS = ("liger.rope", "flash_attn.apply_rotary", "flash_attn.apply_rotary_inplace")
-
-
-@functools.cache
-def _minimal_function_ptr(device_index: int, name: str) -> int:
-    source = traffic_only(kernel.MODULE.source)
-    return _cupy._load(device_index, source, kernel.FILENAME, kernel.OPTIONS, (name,))[name].ptr
+MINIMAL = experiment.Variant(traffic_only=True)
 
 
 def _rows(case, inputs, names):
@@ -46,24 +40,34 @@ def _rows(case, inputs, names):
     return calls
 
 
+def _arguments(case, inputs) -> dict:
+    """The registry rows' arguments (fastrope/canonical.py): half-width tables (these cases'
+    tables are symmetric), the case's positions, no position check."""
+    kw = dict(style=case.style, layout=case.layout, rotary_dim=case.rot_dim,
+              check_positions=False, cos=first_members(inputs.cos, case.style).contiguous(),
+              sin=first_members(inputs.sin, case.style).contiguous())
+    if case.positions == "offset":
+        kw.update(offsets=inputs.offsets)
+    elif case.positions == "ids":
+        kw.update(positions=inputs.positions)
+    return kw
+
+
 def _minimal_rows(case, inputs):
-    """fastrope's rows with every kernel from the minimal source (the launch caches emptied
-    before and after, so that neither source's launches serve the other)."""
-    design = kernel.function_ptr
-    run._ENTRIES.clear()
-    kernel.function_ptr = _minimal_function_ptr
-    try:
-        calls = _rows(case, inputs, FASTROPE)
-        for name, fn in calls.items():
-            outs = fn()
-            outs = outs if isinstance(outs, tuple) else (outs,)
-            xs = inputs.xs[:len(outs)]
-            assert all(torch.equal(o, x) for o, x in zip(outs, xs)), f"{name}: not a copy"
-        times = min_of_interleaved(calls, timer=graph_median_us)
-    finally:
-        kernel.function_ptr = design
-        run._ENTRIES.clear()
-    return times
+    """fastrope's rows built as the minimal kernel (same plans), each checked to copy its
+    input."""
+    kw = _arguments(case, inputs)
+    buffers = [x.clone() for x in inputs.xs]
+    calls = {
+        "fastrope.rope": lambda: experiment.apply_rope(*inputs.xs, variant=MINIMAL, **kw),
+        "fastrope.rope_inplace": lambda: experiment.apply_rope(*buffers, variant=MINIMAL,
+                                                               in_place=True, **kw),
+    }
+    for name, fn in calls.items():
+        outs = fn()
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        assert all(torch.equal(o, x) for o, x in zip(outs, inputs.xs)), f"{name}: not a copy"
+    return min_of_interleaved(calls, timer=graph_median_us)
 
 
 def main():

@@ -14,12 +14,13 @@ returns new contiguous tensors (q's rotated, or ``(q, k)``); ``apply_rope_inplac
 
 The modules, in call order: api.py (the public functions), ops.py (the same as the custom ops
 ``torch.ops.fastrope.rope`` and ``rope_``, for torch.compile and tracing), run.py (one call end
-to end, and its autograd), problem.py (the host checks), plan.py (the launch plan), launcher.py
-(the packed launch), kernel.py (rope.cu's instantiations); hf.py is a drop-in for Hugging Face
-transformers' ``apply_rotary_pos_emb``, ablation.py runs the kernel with one idea switched off,
-canonical.py holds the registry entries. DESIGN.md describes the kernel: its ideas and where
-each came from, the launch plan, the precision choices, the ablations and what was tried and
-dropped.
+to end, and its autograd), problem.py (the host checks), plan.py (the launch plan: a table of
+named rules), launcher.py (the packed launch), kernel.py (rope.cu's instantiations), limits.py
+(what validation and planning share); hf.py is a drop-in for Hugging Face transformers'
+``apply_rotary_pos_emb``, ablation.py runs the kernel with one idea switched off,
+experiment.py is the documented interface the probes under tools/ use (kernel variants as build
+options, fixed plans), canonical.py holds the registry entries. DESIGN.md describes the kernel,
+its plan's rules and the measurement behind each.
 """
 from __future__ import annotations
 

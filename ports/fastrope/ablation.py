@@ -1,76 +1,125 @@
-"""Ablations: the package's kernel with one idea of its design switched off.
+"""Ablations: the package's kernel with one idea of its design switched off, off the production
+path.
 
-A :class:`Tuning` names what changes; :func:`apply_rope` and :func:`apply_rope_inplace` are the
-public functions run with it (same arguments, plus ``tuning``). The registry's
-``fastrope-ablation.*`` entries (canonical.py) and the tools under tools/ call these; the public
-``ports.fastrope`` functions always run the design. DESIGN.md gives what each idea was worth.
+Each :class:`Ablation` is a named set of plan rules put before the design's (plan.RULES: the
+first row that gives a setting and holds wins), and whether q and k go in separate launches.
+:func:`apply_rope` and :func:`apply_rope_inplace` are the public functions run with one (same
+arguments, plus ``ablation``, a name of :data:`ABLATIONS`), through the same validation,
+launcher and kernel with their own plans and launch cache. The registry's
+``fastrope-ablation.*`` entries (canonical.py) call these; the public ``ports.fastrope``
+functions always run the design. DESIGN.md ("Ablations") says what each idea is worth.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-from ports.fastrope import run
-from ports.fastrope.kernel import (ANGLE_FP32, BOTH_HALVES, DIVIDE, NO_CACHE_HINTS,
-                                   RELOAD_TABLE)
-
-FLAGS = RELOAD_TABLE | NO_CACHE_HINTS | ANGLE_FP32 | DIVIDE | BOTH_HALVES
-SHAPE_RULES = ("auto", "fixed")
+from ports.fastrope import plan, run
+from ports.fastrope.plan import Rule, always, unroll_from_work
 
 
-@dataclass(frozen=True)
-class Tuning:
-    """What changes from the design (the defaults are the design)."""
+@dataclass(frozen=True, eq=False)  # hashed by identity
+class Ablation:
+    """One idea switched off: ``rules`` go before plan.RULES; ``separate_launches``: q and k
+    in two launches."""
 
-    flags: int = 0                  # kernel FLAGS: RELOAD_TABLE | NO_CACHE_HINTS | ... (kernel.py)
-    shape_rule: str = "auto"        # "fixed": the prefill launch shape for every size
-    vector_cap: int | None = None   # at most this many elements per access
-    index_bits: int | None = None   # 64: 64-bit offsets even where 32-bit ones fit
-    unroll: int | None = None       # heads per thread per step
-    separate_launches: bool = False  # q and k in two launches
-    memory_order: bool = True       # False: the sbhd grid walks each sequence in turn
-    step_kernel: bool = True        # False: small and mid-sized problems take the main kernel
-    step_heads: int | None = None   # heads per thread in the step kernel
-    one_half_per_thread: bool = False  # out of place from tables: a thread per half + partner
-    runtime_switches: bool = False  # the step kernel reads the problem's switches at run time
-    hints_at_every_size: bool = False  # streaming hints even where the data fits in the L2
-
-    def __post_init__(self):
-        if not isinstance(self.flags, int) or self.flags & ~FLAGS or self.flags < 0:
-            raise ValueError(f"flags must combine kernel.py's FLAGS bits ({FLAGS}), got "
-                             f"{self.flags!r}")
-        if self.shape_rule not in SHAPE_RULES:
-            raise ValueError(f"shape_rule must be one of {SHAPE_RULES}, got {self.shape_rule!r}")
-        for name, value in (("vector_cap", self.vector_cap), ("unroll", self.unroll),
-                            ("step_heads", self.step_heads)):
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be None or a positive int, got {value!r}")
-        if self.index_bits not in (None, 32, 64):
-            raise ValueError(f"index_bits must be None, 32 or 64, got {self.index_bits!r}")
-
-    def plan_options(self) -> dict:
-        """The keyword arguments of ``plan.choose`` this tuning sets."""
-        return dict(flags=self.flags, shape_rule=self.shape_rule, vector_cap=self.vector_cap,
-                    index_bits=self.index_bits, unroll=self.unroll,
-                    memory_order=self.memory_order, step_kernel=self.step_kernel,
-                    step_heads=self.step_heads, one_half_per_thread=self.one_half_per_thread,
-                    runtime_switches=self.runtime_switches,
-                    hints_at_every_size=self.hints_at_every_size)
+    name: str
+    summary: str
+    rules: tuple[Rule, ...] = ()
+    separate_launches: bool = False
 
 
-DESIGN = Tuning()
+def _always_set(name: str, summary: str, **settings) -> Ablation:
+    return Ablation(name, summary, (Rule(f"ablation: {name}", "Ablations", always, settings),))
 
 
-def apply_rope(q, k=None, *, tuning: Tuning, **kwargs):
-    """``ports.fastrope.apply_rope(q, k, **kwargs)`` run with ``tuning``."""
-    return run.rotate_autograd(q, k, in_place=False, tuning=_checked(tuning), **kwargs)
+# An ablation that fixes the vector or the heads per step keeps the aligned width and the
+# default heads per step (vector=None, unroll from the work) unless it sets them itself, and
+# takes no step kernel, as the design's narrower rules past the L2 no longer apply.
+_FIXED_SHAPE = dict(step_kernel=False, vector=None)
+
+ABLATIONS: dict[str, Ablation] = {a.name: a for a in (
+    _always_set("scalar_access", "one element per access (no 16-byte vectors)", vector_cap=1,
+                vector=None, unroll=unroll_from_work),
+    Ablation("one_half_per_thread", "rotate-half out of place: a thread owns one half and "
+             "loads its partner", (Rule("ablation: one half per thread", "Ablations",
+                                        lambda f: not f.in_place,
+                                        dict(pair_per_thread=False)),)),
+    _always_set("table_per_head", "cos/sin loaded again for every head", table_per_head=True),
+    _always_set("one_head_per_step", "one head per thread per step (no unrolled loads)",
+                unroll=1, **_FIXED_SHAPE),
+    _always_set("wide_steps_past_l2", "past the L2: 16-byte accesses and 4 heads per step",
+                vector_cap=8, unroll=4, **_FIXED_SHAPE),
+    _always_set("fixed_launch", "the prefill launch shape for every size (no head splits)",
+                unroll=4, head_splits=False, **_FIXED_SHAPE),
+    _always_set("divmod_index", "indices from a flat id with div/mod per head",
+                flat_index=True, step_kernel=False),
+    _always_set("no_cache_hints", "plain loads/stores (no evict-first streaming hints)",
+                streaming=False),
+    _always_set("hints_at_every_size", "streaming hints even where the data fits in the L2",
+                streaming=True),
+    _always_set("int64_index", "64-bit offsets even when 32-bit fit", index_bits=64),
+    _always_set("no_step_kernel", "small and mid-sized problems take the main kernel",
+                step_kernel=False),
+    _always_set("runtime_switches", "the step kernel reads the position form, id width, table "
+                "width and direction at run time", fixed_switches=False),
+    Ablation("separate_launches", "q and k in two launches", separate_launches=True),
+    _always_set("sequence_per_block_row", "sbhd: the grid walks each sequence in turn",
+                memory_order=False),
+    _always_set("fp32_angles", "computed angles in fp32 (fp32 product, sincosf)",
+                fp32_angles=True),
+)}
 
 
-def apply_rope_inplace(q, k=None, *, tuning: Tuning, **kwargs):
-    """``ports.fastrope.apply_rope_inplace(q, k, **kwargs)`` run with ``tuning``."""
-    return run.rotate_autograd(q, k, in_place=True, tuning=_checked(tuning), **kwargs)
+def heads_per_step(n: int) -> Ablation:
+    """The main kernel with ``n`` heads per thread per step everywhere (one_head_per_step: 1)."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"heads per step must be a positive int, got {n!r}")
+    return _always_set(f"heads_per_step_{n}", f"{n} heads per thread per step", unroll=n,
+                       **_FIXED_SHAPE)
 
 
-def _checked(tuning) -> Tuning:
-    if not isinstance(tuning, Tuning):
-        raise TypeError(f"tuning must be an ablation.Tuning, got {type(tuning).__name__}")
-    return tuning
+def step_heads(n: int) -> Ablation:
+    """The step kernel with ``n`` heads per thread wherever it runs."""
+    if not isinstance(n, int) or n < 1:
+        raise ValueError(f"step heads must be a positive int, got {n!r}")
+    return _always_set(f"step_heads_{n}", f"{n} heads per step-kernel thread", step_heads=n)
+
+
+def rules(ablation: Ablation) -> tuple[Rule, ...]:
+    """The plan table an ablation runs with."""
+    return ablation.rules + plan.RULES
+
+
+@functools.cache
+def planner(ablation: Ablation) -> run.Planner:
+    """The run.Planner of an ablation (one launch cache each)."""
+    table = rules(ablation)
+
+    def choose(p, operands, **call):
+        return plan.choose_from(table, p, operands, **call)
+
+    return run.Planner(choose, ablation.separate_launches)
+
+
+def _resolve(ablation) -> Ablation:
+    if isinstance(ablation, Ablation):
+        return ablation
+    if not isinstance(ablation, str):
+        raise TypeError(f"ablation must be a name of ablation.ABLATIONS, got "
+                        f"{type(ablation).__name__}")
+    if ablation not in ABLATIONS:
+        raise ValueError(f"unknown ablation {ablation!r}; choose from {', '.join(ABLATIONS)}")
+    return ABLATIONS[ablation]
+
+
+def apply_rope(q, k=None, *, ablation: str | Ablation, **kwargs):
+    """``ports.fastrope.apply_rope(q, k, **kwargs)`` run with ``ablation``."""
+    fn = functools.partial(run.rotate_planned, planner(_resolve(ablation)))
+    return run.with_autograd(fn)(q, k, in_place=False, **kwargs)
+
+
+def apply_rope_inplace(q, k=None, *, ablation: str | Ablation, **kwargs):
+    """``ports.fastrope.apply_rope_inplace(q, k, **kwargs)`` run with ``ablation``."""
+    fn = functools.partial(run.rotate_planned, planner(_resolve(ablation)))
+    return run.with_autograd(fn)(q, k, in_place=True, **kwargs)

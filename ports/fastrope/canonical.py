@@ -32,7 +32,8 @@ STYLES = frozenset({"rotate_half", "interleaved"})
 # Computed angles: pos * inv_freq in fp64 (exact to ~1e-16), then fp64 sincos rounded to fp32:
 # the only angle error left is far below the fp32 rounding of cos/sin that the steps cover.
 ANGLE_REL_ERR_FP64 = 1e-12
-# ANGLE_FP32 ablation: fp32 product and sincosf, ~2 fp32 roundings of the angle.
+# fp32_angles ablation (kernel.FP32_ANGLES): fp32 product and sincosf, ~2 fp32 roundings of the
+# angle.
 ANGLE_REL_ERR_FP32_ANGLE = 4e-7
 
 
@@ -69,19 +70,19 @@ def _rotate(case, kw, xs, fn):
     return tuple(outs)
 
 
-def _preparer(computed: bool = False, in_place: bool = False, tuning=None,
+def _preparer(computed: bool = False, in_place: bool = False, ablation: str | None = None,
               full_tables: bool = False):
-    """The registry's ``prepare``: the public functions, or with a ``tuning`` (an
-    ``ablation.Tuning``) the ablation module's; ``full_tables``: the case's ``[L, R]`` tables
+    """The registry's ``prepare``: the public functions, or with an ``ablation`` (a name of
+    ``ablation.ABLATIONS``) the ablation module's; ``full_tables``: the case's ``[L, R]`` tables
     even when they are symmetric."""
     def prepare(case: RopeCase, inputs: RopeInputs):
-        if tuning is None:
+        if ablation is None:
             from ports.fastrope import apply_rope, apply_rope_inplace
         else:
-            from ports.fastrope import ablation
+            from ports.fastrope import ablation as module
 
-            apply_rope = functools.partial(ablation.apply_rope, tuning=tuning)
-            apply_rope_inplace = functools.partial(ablation.apply_rope_inplace, tuning=tuning)
+            apply_rope = functools.partial(module.apply_rope, ablation=ablation)
+            apply_rope_inplace = functools.partial(module.apply_rope_inplace, ablation=ablation)
 
         kw = _kwargs(case, inputs, computed, full_tables)
         if not in_place:
@@ -123,10 +124,10 @@ SPECS = [
 ]
 
 
-def _ablation(name: str, summary: str, tuning_kw: dict, computed: bool = False,
-              full_tables: bool = False, **spec_kw):
-    from ports.fastrope.ablation import Tuning
-
+def _ablation(name: str, summary: str, computed: bool = False, full_tables: bool = False,
+              **spec_kw):
+    """The registry row ``fastrope-ablation.<name>``: ablation.ABLATIONS[name] (full_tables: the
+    design given full-width tables)."""
     base = dict(_COMMON, kind="ablation", family="fastrope-ablation",
                 math="the design with one idea switched off")
     if computed:
@@ -134,45 +135,39 @@ def _ablation(name: str, summary: str, tuning_kw: dict, computed: bool = False,
                     angle_rel_err=ANGLE_REL_ERR_FP64)
     base.update(spec_kw)
     return ImplSpec(name=f"fastrope-ablation.{name}", summary=summary,
-                    prepare=_preparer(computed=computed, tuning=Tuning(**tuning_kw),
+                    prepare=_preparer(computed=computed,
+                                      ablation=None if full_tables else name,
                                       full_tables=full_tables),
                     check=None if computed else _table_check, **base)
 
 
 def _ablations() -> list[ImplSpec]:
-    from ports.fastrope import kernel as K
-
     return [
         _ablation("full_tables", "given the full-width [L, R] tables (both halves of every "
-                  "row read) where half-width ones would do", {}, full_tables=True),
+                  "row read) where half-width ones would do", full_tables=True),
         _ablation("scalar_access", "one element per access (no 16-byte vectors)",
-                  dict(vector_cap=1), access="2-4 B"),
+                  access="2-4 B"),
         _ablation("one_half_per_thread", "rotate-half out of place: a thread owns one half and "
-                  "loads its partner", dict(one_half_per_thread=True)),
-        _ablation("table_per_head", "cos/sin loaded again for every head",
-                  dict(flags=K.RELOAD_TABLE)),
-        _ablation("one_head_per_step", "one head per thread per step (no unrolled loads)",
-                  dict(unroll=1)),
+                  "loads its partner"),
+        _ablation("table_per_head", "cos/sin loaded again for every head"),
+        _ablation("one_head_per_step", "one head per thread per step (no unrolled loads)"),
         _ablation("wide_steps_past_l2", "past the L2: 16-byte accesses and 4 heads per step "
                   "(16-bit: twice the registers, half the resident blocks; fp32 in place: 88 "
                   "registers, not 70) instead of the plan's 8 and 2 or 4 (16-bit) and 2 (fp32 "
-                  "in place)", dict(vector_cap=8, unroll=4)),
-        _ablation("fixed_launch", "the prefill launch shape for every size (no head splits)",
-                  dict(shape_rule="fixed")),
-        _ablation("divmod_index", "indices from a flat id with div/mod per head",
-                  dict(flags=K.DIVIDE)),
-        _ablation("no_cache_hints", "plain loads/stores (no evict-first streaming hints)",
-                  dict(flags=K.NO_CACHE_HINTS)),
-        _ablation("int64_index", "64-bit offsets even when 32-bit fit", dict(index_bits=64)),
+                  "in place)"),
+        _ablation("fixed_launch", "the prefill launch shape for every size (no head splits)"),
+        _ablation("divmod_index", "indices from a flat id with div/mod per head"),
+        _ablation("no_cache_hints", "plain loads/stores (no evict-first streaming hints)"),
+        _ablation("int64_index", "64-bit offsets even when 32-bit fit"),
         _ablation("no_step_kernel", "small and mid-sized problems (a decode step, an L2-sized "
-                  "prefill) take the main kernel, not the step kernel", dict(step_kernel=False)),
+                  "prefill) take the main kernel, not the step kernel"),
         _ablation("runtime_switches", "the step kernel reads the position form, id width, "
-                  "table width and direction at run time", dict(runtime_switches=True)),
-        _ablation("separate_launches", "q and k in two launches", dict(separate_launches=True)),
+                  "table width and direction at run time"),
+        _ablation("separate_launches", "q and k in two launches"),
         _ablation("sequence_per_block_row", "sbhd: the grid walks each sequence in turn, not "
-                  "the tokens in memory order", dict(memory_order=False)),
+                  "the tokens in memory order"),
         _ablation("fp32_angles", "computed angles in fp32 (fp32 product, sincosf)",
-                  dict(flags=K.ANGLE_FP32), computed=True, angle_rel_err=ANGLE_REL_ERR_FP32_ANGLE),
+                  computed=True, angle_rel_err=ANGLE_REL_ERR_FP32_ANGLE),
     ]
 
 

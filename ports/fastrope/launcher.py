@@ -25,8 +25,9 @@ import torch
 from ports import _cupy
 from ports.fastrope import kernel
 from ports.fastrope.plan import Operand, Plan
+from ports.fastrope.problem import Problem
 
-# Params in rope.cu: the per-call part (9 pointers, pos_add) and the per-problem part
+# Params in rope.cu: the per-call part (9 pointers, the int offset) and the per-problem part
 # (16 int64, 14 int32), 264 bytes together. The step kernel's StepParams shares the per-call
 # part; its per-problem part is 24 int32 (176 bytes together).
 _DYNAMIC = struct.Struct("<9Qq")
@@ -65,11 +66,14 @@ class Launch:
     set_context: Callable
 
 
-def prepare(p: Plan, operands: list[Operand], *, seqlen: int, half: int, half_table: bool,
-            table_rows: int, table_stride: int, pos_mode: int, pos_strides: tuple[int, int],
-            pos_int32: bool, nseq: int, backward: bool) -> Launch:
-    """Compile (once) and pack the per-problem parameters of plan ``p`` (rope.cu's Params, or
-    StepParams for the step kernel)."""
+def prepare(p: Plan, problem: Problem, operands: list[Operand], *, backward: bool,
+            function: int | None = None) -> Launch:
+    """Compile (once) and pack the per-problem parameters of plan ``p`` for ``problem`` on
+    ``operands`` (rope.cu's Params, or StepParams for the step kernel). ``function``: a
+    CUfunction compiled elsewhere (an experiment's build of rope.cu) instead of the design's."""
+    half, position_strides = problem.rotary_dim // 2, problem.position_strides
+    table_rows, table_stride = problem.table_rows, problem.table_stride
+    form, int32, half_table = problem.positions, problem.position_int32, problem.half_table
     q = operands[0]
     k = operands[1] if len(operands) > 1 else None
     zero3 = (0, 0, 0)
@@ -79,16 +83,18 @@ def prepare(p: Plan, operands: list[Operand], *, seqlen: int, half: int, half_ta
     kh = k.heads if k is not None else 0
     if p.step:
         static = _STEP_STATIC.pack(
-            *strides, *pos_strides, table_rows, table_stride, q.heads, kh, p.rot_chunks, half,
-            pos_mode, int(pos_int32), int(half_table), int(backward))
+            *strides, *position_strides, table_rows, table_stride, q.heads, kh, p.rot_chunks, half,
+            int(form), int(int32), int(half_table), int(backward))
     else:
         static = _STATIC.pack(
-            *strides, *pos_strides, table_rows, table_stride, q.heads, kh, seqlen, nseq,
-            p.rot_chunks, p.tail_chunks, p.heads_per_split, pos_mode, int(pos_int32),
-            int(half_table), half, int(backward), p.fold, 0)
+            *strides, *position_strides, table_rows, table_stride, q.heads, kh, problem.seqlen,
+            problem.nseq, p.rot_chunks, p.tail_chunks, p.heads_per_split, int(form),
+            int(int32), int(half_table), half, int(backward), p.fold, 0)
     device = q.src.get_device()
     driver = _driver()
-    return Launch(kernel.function_ptr(device, p.kernel), p.grid, p.block, p.shared_mem, static,
+    if function is None:
+        function = kernel.function_ptr(device, p.kernel)
+    return Launch(function, p.grid, p.block, p.shared_mem, static,
                   device, p, (*p.grid, *p.block, p.shared_mem), primary_context(device),
                   driver.launchKernel, driver.ctxGetCurrent, driver.ctxSetCurrent)
 
@@ -120,15 +126,15 @@ def _param_buffer():
 
 
 def launch(lc: Launch, q_in: int, k_in: int, q_out: int, k_out: int, cos: int, sin: int,
-           inv_freq: int, pos: int, cu_seqlens: int, pos_add: int) -> None:
+           inv_freq: int, position_tensor: int, cu_seqlens: int, offset: int) -> None:
     """Pack the pointers (and the per-problem bytes if they changed) and launch on torch's
     current stream. cuLaunchKernel copies the parameters, so the buffer is reused at once."""
     try:
         buf = _local.buf
     except AttributeError:
         buf = _param_buffer()
-    _DYNAMIC.pack_into(buf, 0, q_in, k_in, q_out, k_out, cos, sin, inv_freq, pos, cu_seqlens,
-                       pos_add)
+    _DYNAMIC.pack_into(buf, 0, q_in, k_in, q_out, k_out, cos, sin, inv_freq, position_tensor,
+                       cu_seqlens, offset)
     if _local.static is not lc.static:
         buf[_DYNAMIC.size:_DYNAMIC.size + len(lc.static)] = lc.static
         _local.static = lc.static

@@ -19,26 +19,32 @@ Everything here is plain integer arithmetic on shapes, strides and addresses:
 * small and mid-sized problems (a decode step, a prefill up to ``step_work_bound`` times the
   resident threads) from given tables take rope.cu's step kernel instead: one thread per
   (token, chunk) and one head (in place on L2-sized 16-bit prefills, 2 or 4:
-  ``step_heads_per_thread``), grid (S, B, head blocks), 32-bit fields, the problem's switches
+  ``step_heads_filling_warps``), grid (S, B, head blocks), 32-bit fields, the problem's switches
   (position form, id width, table width, direction) compiled in.
 
-The keyword arguments of :func:`choose` after ``in_place`` force an ablation (see ablation.py);
-their defaults are the design.
+Every decision is a row of :data:`RULES`: a name, the condition on the problem's facts under
+which it holds, and the settings it gives; :func:`choose` looks each setting up in the table
+(the first row that gives it and whose condition holds) and does the arithmetic that turns the
+settings into grid and block. Each row names the DESIGN.md section with the measurement behind
+it. ablation.py builds its plans from other tables (:func:`choose_from`).
 """
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 
 from ports.fastrope import kernel
+from ports.fastrope.limits import (MAX_GRID_Y, MAX_TOKENS_PER_BLOCK, SMEM_LIMIT,
+                                   THREADS_PER_BLOCK)
+from ports.fastrope.problem import Problem
 from reference.vocabulary import INT32_MAX
 
-MAX_GRID_Y = 65535
-THREADS_PER_BLOCK = 256         # rope.cu is built with __launch_bounds__(256)
-MAX_TOKENS_PER_BLOCK = 64       # blockDim.z limit
-SMEM_LIMIT = 16 * 1024          # computed angles: shared cos/sin rows per block
+__all__ = ["MAX_GRID_Y", "MAX_TOKENS_PER_BLOCK", "RULES", "SMEM_LIMIT", "THREADS_PER_BLOCK",
+           "Operand", "Plan", "Rule", "always", "choose", "choose_from", "unroll_from_work"]
 
 
 @dataclass(frozen=True)
@@ -106,7 +112,7 @@ def vector_width(elem_size: int, units: tuple[int, ...], strides: tuple[int, ...
 def heads_per_step(work: int, resident: int, capped: bool) -> int:
     """Heads per thread per step from the work (chunk-rows) against the resident threads: 4 from
     8x the resident threads; from 2x, 1 for the register-capped kernel (given tables, a thread
-    per chunk: rope.cu's STUDY_MIN_BLOCKS) and 2 for the others; 1 below."""
+    per chunk: rope.cu's ROWS_MIN_BLOCKS) and 2 for the others; 1 below."""
     if work >= 8 * resident:
         return 4
     if work >= 2 * resident:
@@ -139,16 +145,11 @@ def step_work_bound(elem_size: int, sbhd_batches: bool) -> int:
     return 8 if elem_size == 2 else 4
 
 
-def step_heads_per_thread(in_place: bool, elem_size: int, work: int, resident: int, htot: int,
-                          chunks: int, tokens: int, sms: int) -> int:
-    """Heads per thread in the step kernel: 1, except in place on 16-bit data from 2x the
-    resident threads' chunk-rows (an L2-sized prefill), where each thread loads and writes back
-    several heads with the token's table chunk loaded once: 4, else 2, where the blocks of a
-    token's heads then fill whole warps, at least two (an SM holds at most 32 blocks: blocks of
-    one warp would leave half its threads idle). DESIGN.md has the measurements; fp32 and out of
-    place gained nothing."""
-    if not in_place or elem_size != 2 or work < 2 * resident:
-        return 1
+def step_heads_filling_warps(htot: int, chunks: int, tokens: int, sms: int) -> int:
+    """Heads per step-kernel thread where several pay (in place, 16-bit, an L2-sized prefill:
+    each thread loads and writes back several heads with the token's table chunk loaded once):
+    4, else 2, where the blocks of a token's heads then fill whole warps, at least two (an SM
+    holds at most 32 blocks: blocks of one warp would leave half its threads idle); else 1."""
     for heads in (4, 2):
         threads = -(-htot // (step_head_blocks(htot, chunks, heads, tokens, sms) * heads)) * chunks
         if threads % 32 == 0 and threads >= 64:
@@ -166,35 +167,151 @@ def step_head_blocks(htot: int, chunks: int, heads: int, tokens: int, sms: int) 
     return max(fewest, min(smallest, -(-sms // tokens)))
 
 
-def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, rotary_dim: int,
-           interleaved: bool, tables, computed: bool, in_place: bool, flags: int = 0,
-           shape_rule: str = "auto", vector_cap: int | None = None,
-           index_bits: int | None = None, unroll: int | None = None,
-           memory_order: bool = True, step_eligible: bool = False,
-           step_kernel: bool = True, step_heads: int | None = None,
-           one_half_per_thread: bool = False, hints_at_every_size: bool = False,
-           step_switches: int = kernel.RUNTIME_SWITCHES, runtime_switches: bool = False) -> Plan:
-    """The plan for this problem (see the module doc). ``tables`` is ``(cos, sin, half_table)``
-    or ``None``. ``step_eligible``: the caller's part of the step kernel's conditions (no thd, the
-    table and position fields fit 32 bits); ``step_switches``: the problem's
-    ``kernel.step_switches`` for the step kernel to compile in (the default reads them at run
-    time). Ablations: ``flags`` (kernel.RELOAD_TABLE, ...), ``shape_rule="fixed"`` (the prefill
-    shape for every size), ``vector_cap``, ``index_bits``, ``unroll``, ``memory_order=False``,
-    ``step_kernel=False``, ``step_heads``, ``one_half_per_thread``, ``hints_at_every_size`` and
-    ``runtime_switches``."""
+# ---- the rules --------------------------------------------------------------------------------
+@dataclass(frozen=True, eq=False)  # hashed by identity
+class Rule:
+    """One row of a plan table: where ``when(facts)`` holds, ``settings`` apply (a value, or a
+    function of the facts that computes it). ``section``: the DESIGN.md section with the
+    measurement behind it."""
+
+    name: str
+    section: str
+    when: Callable[[SimpleNamespace], bool]
+    settings: dict = field(default_factory=dict)
+
+
+def always(f) -> bool:
+    return True
+
+
+def _fewest_idle_of_2_or_4(f) -> int:
+    return min((2, 4), key=lambda u: idle_head_slots(f.htot, u, f.chunks))
+
+
+def unroll_from_work(f) -> int:
+    return heads_per_step(f.work, f.resident, capped=not f.computed and f.split)
+
+
+def _step_heads(f) -> int:
+    return step_heads_filling_warps(f.htot, f.step_chunks, f.tokens, f.sms)
+
+
+def _takes_step_kernel(f) -> bool:
+    return (f.step_eligible and not f.computed and f.index_bits == 32
+            and f.work < step_work_bound(f.elem, f.sbhd_batches) * f.resident
+            and f.batch <= MAX_GRID_Y and f.chunks <= THREADS_PER_BLOCK)
+
+
+def _past_l2_from_tables(f) -> bool:
+    return f.past_l2 and f.pair_per_thread and not f.computed
+
+
+# The settings a table decides, and what each means:
+#   pair_per_thread   rotate-half: a thread owns a chunk of each half (kernel.PAIR_PER_THREAD)
+#   streaming         evict-first loads and stores (off: kernel.PLAIN_ACCESSES)
+#   table_per_head    cos/sin loaded again for every head (kernel.TABLE_PER_HEAD)
+#   flat_index        (b, s, h, chunk) from a flat index by div/mod (kernel.FLAT_INDEX)
+#   fp32_angles       computed angles in fp32 (kernel.FP32_ANGLES)
+#   memory_order      sbhd: the grid walks the (s, b) tokens in memory order (Plan.fold)
+#   index_bits        32- or 64-bit offsets
+#   vector_cap        at most this many elements per access (None: the widest that fits)
+#   step_kernel       rope_step: one thread per (token, chunk), no loop
+#   step_heads        heads per step-kernel thread (a function of the facts, or a number)
+#   fixed_switches    the step kernel compiles the problem's switches in (off: reads them)
+#   vector            main kernel: the access width (None: the aligned width)
+#   unroll            main kernel: heads per thread per step
+#   head_splits       main kernel: True: split the heads over grid.z until the blocks cover the
+#                     SMs twice; False: no split; a number: that many splits (experiments)
+# Rows are checked in order; each setting comes from the first row that gives it and holds.
+RULES: tuple[Rule, ...] = (
+    Rule("pair per thread in place", "A thread owns both halves", 
+         lambda f: not f.interleaved and f.in_place, dict(pair_per_thread=True)),
+    Rule("pair per thread from tables", "A thread owns both halves",
+         lambda f: not f.interleaved and f.tables, dict(pair_per_thread=True)),
+    Rule("streaming past the L2", "Cache hints", lambda f: f.past_l2, dict(streaming=True)),
+    Rule("sbhd in memory order", "sbhd: tokens in memory order",
+         lambda f: f.sbhd_batches and f.tokens <= INT32_MAX - MAX_TOKENS_PER_BLOCK,
+         dict(memory_order=True)),
+    Rule("32-bit offsets where they fit", "32-bit offsets", lambda f: f.extent <= INT32_MAX,
+         dict(index_bits=32)),
+    Rule("step kernel below the work bound", "The step kernel", _takes_step_kernel,
+         dict(step_kernel=True)),
+    Rule("several heads per step thread in place", "The step kernel",
+         lambda f: f.in_place and f.elem == 2 and f.work >= 2 * f.resident,
+         dict(step_heads=_step_heads)),
+    Rule("16-bit past the L2: 8-byte accesses, 2 or 4 heads", "Registers",
+         lambda f: _past_l2_from_tables(f) and f.elem == 2 and f.vector == 8,
+         dict(vector=4, unroll=_fewest_idle_of_2_or_4)),
+    Rule("fp32 in place past the L2: 2 heads per step", "Registers",
+         lambda f: (_past_l2_from_tables(f) and f.elem == 4 and f.in_place and not f.interleaved
+                    and 2 * head_lanes(f.htot, 2, f.chunks) >= f.htot),
+         dict(unroll=2)),
+    Rule("the default", "The launch plan", always, dict(
+        pair_per_thread=False, streaming=False, table_per_head=False, flat_index=False,
+        fp32_angles=False, memory_order=False, index_bits=64, vector_cap=None,
+        step_kernel=False, step_heads=1, fixed_switches=True, vector=None,
+        unroll=unroll_from_work, head_splits=True)),
+)
+
+
+def _setting(rules, name: str, f):
+    """The value of setting ``name``: the first row of ``rules`` that gives it and holds."""
+    for rule in rules:
+        if name in rule.settings and rule.when(f):
+            value = rule.settings[name]
+            return value(f) if callable(value) else value
+    raise LookupError(f"no rule gives {name!r}")
+
+
+def _step_eligible(p: Problem) -> bool:
+    """The step kernel's fields are 32-bit and it has no thd search."""
+    b_stride, s_stride = p.position_strides
+    pos_extent = (p.batch - 1) * abs(b_stride) + (p.seqlen - 1) * abs(s_stride)
+    return p.nseq == 0 and max(p.table_rows, abs(p.table_stride), pos_extent) <= INT32_MAX
+
+
+def choose(p: Problem, operands: list[Operand], *, in_place: bool, backward: bool, cos=None,
+           sin=None) -> Plan:
+    """The design's plan (:data:`RULES`) for problem ``p`` on ``operands``; ``cos``/``sin``:
+    the tables (None: computed angles)."""
+    return choose_from(RULES, p, operands, in_place=in_place, backward=backward, cos=cos,
+                       sin=sin)
+
+
+def choose_from(rules, p: Problem, operands: list[Operand], *, in_place: bool, backward: bool,
+                cos=None, sin=None) -> Plan:
+    """:func:`choose` with another table of rules (ablation.py's)."""
     q = operands[0].src
+    device = q.get_device()
+    batch, seqlen, head_dim, rotary_dim = p.batch, p.seqlen, p.head_dim, p.rotary_dim
+    interleaved, computed = p.interleaved, p.computed
     elem = q.element_size()
     half = rotary_dim // 2
+    htot = sum(op.heads for op in operands)
+    tokens = batch * seqlen
+    extent = 0
+    for op in operands:
+        for st in (op.src_strides, op.dst_strides):
+            extent = max(extent, _max_offset(zip((batch, seqlen, op.heads), st)) + head_dim)
+    # The data the call reads and writes (the cos/sin rows left out), against the L2.
+    data_bytes = tokens * htot * head_dim * elem * (1 if in_place else 2)
+    f = SimpleNamespace(
+        interleaved=interleaved, computed=computed, tables=not computed, in_place=in_place,
+        elem=elem, batch=batch, tokens=tokens, htot=htot, extent=extent,
+        past_l2=data_bytes > l2_bytes(device),
+        sbhd_batches=batch > 1 and all(op.src_strides[1] > op.src_strides[0]
+                                       for op in operands),
+        step_eligible=_step_eligible(p), sms=sm_count(device),
+        resident=sm_count(device) * 2048)
+    pair = _setting(rules, "pair_per_thread", f)
+    flags = ((kernel.TABLE_PER_HEAD if _setting(rules, "table_per_head", f) else 0)
+             | (kernel.FP32_ANGLES if _setting(rules, "fp32_angles", f) else 0)
+             | (kernel.FLAT_INDEX if _setting(rules, "flat_index", f) else 0)
+             | (0 if _setting(rules, "streaming", f) else kernel.PLAIN_ACCESSES))
     # Computed angles: cos/sin rows [R] per token in shared memory (fp32 outputs add their low
-    # parts). A rotate-half thread owns a chunk of both halves in place (a thread that loads its
-    # partner from memory could read it after the partner's owner has overwritten it) and from
-    # given tables (no partner loads: fewer bytes in flight per thread for the same work;
-    # DESIGN.md). Computed angles out of place keep a thread per half (their rows are in shared
-    # memory already), as does the one_half_per_thread ablation.
-    lo = computed and q.dtype == torch.float32 and not flags & kernel.ANGLE_FP32
+    # parts).
+    lo = computed and q.dtype == torch.float32 and not flags & kernel.FP32_ANGLES
     angle_bytes = (4 if lo else 2) * rotary_dim * 4 if computed else 0
-    if not interleaved and (in_place or (tables is not None and not one_half_per_thread)):
-        flags |= kernel.BOTH_HALVES
     tail = head_dim - rotary_dim if not in_place else 0
     units = (half,) if not interleaved else (rotary_dim,)
     units += (tail,) if tail else ()
@@ -203,102 +320,62 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
         for t, st in ((op.src, op.src_strides), (op.dst, op.dst_strides)):
             strides += [s for s, n in zip(st, (batch, seqlen, op.heads)) if n > 1]
             addresses.append(t.data_ptr())
-    if tables is None:
+    if computed:
         t_elem, t_stride, t_addr, per_chunk = 0, 1, 0, (lambda v: 1)
     else:
-        cos, sin, half_table = tables
         t_elem, t_stride = cos.element_size(), cos.stride(0)
         t_addr = cos.data_ptr() | sin.data_ptr()  # aligned to x iff both are
-        if not interleaved and not half_table:
+        if not interleaved and not p.half_table:
             t_addr |= half * t_elem  # second-half rows start R/2 elements in
-        per_chunk = (lambda v: v // 2) if interleaved and half_table else (lambda v: v)
+        per_chunk = (lambda v: v // 2) if interleaved and p.half_table else (lambda v: v)
     minimum = 2 if interleaved else 1
     v = vector_width(elem, units, tuple(strides), tuple(addresses), t_elem, per_chunk,
                      t_stride, t_addr, minimum)
-    if vector_cap is not None and v:
-        v = max(minimum, min(v, vector_cap))
+    cap = _setting(rules, "vector_cap", f)
+    if cap is not None and v:
+        v = max(minimum, min(v, cap))
     if v == 0:
         raise ValueError(
             "interleaved RoPE needs each pair in one aligned access: every stride must be even "
             f"and every tensor (and cos/sin row) {2 * elem}-byte aligned; got strides "
             f"{sorted(set(strides))}")
-    split = interleaved or not flags & kernel.BOTH_HALVES  # a thread per chunk of the R channels
+    split = interleaved or not pair  # a thread per chunk of the R channels
     if split and not interleaved and (rotary_dim + tail) // v > THREADS_PER_BLOCK:
-        flags |= kernel.BOTH_HALVES  # rows wider than a block: a thread takes a chunk of each half
-        split = False
+        pair, split = True, False  # rows wider than a block: a thread takes a chunk of each half
+    if pair:
+        flags |= kernel.PAIR_PER_THREAD
     rot_chunks = (rotary_dim if split else half) // v
     tail_chunks = tail // v
     chunks = rot_chunks + tail_chunks
-    htot = sum(op.heads for op in operands)
-    tokens = batch * seqlen
-    # Streaming hints only where the data outlives the L2 anyway. Data that fits stays there for
-    # its next reader (the next layer's call in place, attention out of place); evict-first
-    # accesses would send it to DRAM (DESIGN.md has what that costs). The cos/sin rows are left
-    # out of the count.
-    data_bytes = tokens * htot * head_dim * elem * (1 if in_place else 2)
-    past_l2 = data_bytes > l2_bytes(q.get_device())
-    if not hints_at_every_size and not past_l2:
-        flags |= kernel.NO_CACHE_HINTS
-    # sbhd (sequence stride outside the batch stride): walk the tokens in memory order, so the
-    # blocks in flight read one dense span instead of B interleaved ones (DESIGN.md).
-    sbhd_batches = batch > 1 and all(op.src_strides[1] > op.src_strides[0] for op in operands)
-    fold = batch if (memory_order and sbhd_batches
-                     and tokens <= INT32_MAX - MAX_TOKENS_PER_BLOCK) else 0  # t stays an int
+    fold = batch if _setting(rules, "memory_order", f) else 0
     rows, grid_batch = (tokens, 1) if fold else (seqlen, batch)
-    if index_bits is None:
-        extent = 0
-        for op in operands:
-            for t, st in ((op.src, op.src_strides), (op.dst, op.dst_strides)):
-                extent = max(extent, _max_offset(zip((batch, seqlen, op.heads), st)) + head_dim)
-        index_bits = 32 if extent <= INT32_MAX else 64
-    table_dtype = tables[0].dtype if tables is not None else torch.float32
-    resident = sm_count(q.get_device()) * 2048
-    work = tokens * htot * chunks  # chunk-rows: one thread's unit of work per head
-    if (step_kernel and step_eligible and not computed and shape_rule == "auto" and unroll is None
-            and not flags & kernel.DIVIDE and index_bits == 32
-            and work < step_work_bound(elem, sbhd_batches) * resident
-            and batch <= MAX_GRID_Y and chunks <= THREADS_PER_BLOCK):
-        # The step kernel: every (token, head, chunk) its own thread; the heads of a token
-        # spread evenly over as few blocks of <= 256 threads as hold them. Rotate-half threads
-        # own a chunk of each half (no partner loads: half the threads and loads; DESIGN.md).
-        step_flags = flags if interleaved else flags | kernel.BOTH_HALVES
+    index_bits = f.index_bits = _setting(rules, "index_bits", f)
+    table_dtype = torch.float32 if computed else cos.dtype
+    f.vector, f.chunks, f.split, f.pair_per_thread = v, chunks, split, pair
+    f.work = tokens * htot * chunks  # chunk-rows: one thread's unit of work per head
+    if _setting(rules, "step_kernel", f):
+        # Every (token, head, chunk) its own thread; the heads of a token spread evenly over as
+        # few blocks of <= 256 threads as hold them. Rotate-half threads own a chunk of each half.
+        step_flags = flags if interleaved else flags | kernel.PAIR_PER_THREAD
         step_rot = rotary_dim // v if interleaved else half // v
-        step_chunks = step_rot + tail_chunks
-        sms = sm_count(q.get_device())
-        heads = step_heads or step_heads_per_thread(in_place, elem, work, resident, htot,
-                                                    step_chunks, tokens, sms)
-        head_blocks = step_head_blocks(htot, step_chunks, heads, tokens, sms)
+        f.step_chunks = step_chunks = step_rot + tail_chunks
+        heads = _setting(rules, "step_heads", f)
+        head_blocks = step_head_blocks(htot, step_chunks, heads, tokens, f.sms)
         lanes = -(-htot // (head_blocks * heads))
         if head_blocks <= MAX_GRID_Y:
-            switches = kernel.RUNTIME_SWITCHES if runtime_switches else step_switches
-            name = kernel.step_kernel_name(q.dtype, table_dtype, v, interleaved, step_flags, heads,
-                                           switches)
+            switches = (kernel.step_switches(p.positions, p.position_int32, p.half_table,
+                                             backward)
+                        if _setting(rules, "fixed_switches", f) else kernel.RUNTIME_SWITCHES)
+            name = kernel.step_kernel_name(q.dtype, table_dtype, v, interleaved, step_flags,
+                                           heads, switches)
             return Plan(name, (seqlen, batch, head_blocks), (step_chunks, lanes, 1), 0, v, heads,
                         32, step_rot, tail_chunks, lanes, 0, step=True)
-    past_l2_rule = (past_l2 and flags & kernel.BOTH_HALVES and not computed and unroll is None
-                    and vector_cap is None and shape_rule == "auto")
-    if past_l2_rule and elem == 2 and v == 8:
-        # 16-bit from tables past the L2: 8-byte accesses and 2 heads per step, half the
-        # registers of 16 bytes x 4 heads x both halves, so twice the resident blocks; 4 heads
-        # per step where that leaves fewer head slots of the block idle (40 heads: one pass of
-        # 10 lanes instead of 16 lanes and a second pass of 8 heads on 4 of them). DESIGN.md
-        # ("Registers") has the measurements.
-        v = 4
-        rot_chunks, tail_chunks = half // v, tail // v
-        chunks = rot_chunks + tail_chunks
-        unroll = min((2, 4), key=lambda u: idle_head_slots(htot, u, chunks))
-    elif (past_l2_rule and elem == 4 and in_place and not interleaved
-          and 2 * head_lanes(htot, 2, chunks) >= htot):
-        # fp32 in place from tables past the L2: 2 heads per step (70 registers, 3 blocks per SM,
-        # against 88 and 2 for 4 heads) where every thread still takes one step (up to 32 heads
-        # of 128): in place, a step's loads wait for the last step's stores to the same rows
-        # (DESIGN.md, "Registers").
-        unroll = 2
-    if unroll is None:
-        if shape_rule == "fixed":     # ablation: the prefill shape for every size
-            unroll = 4
-        else:
-            unroll = heads_per_step(work, resident, capped=not computed and split)
+    narrowed = _setting(rules, "vector", f)
+    if narrowed is not None and narrowed != v:
+        v = narrowed
+        rot_chunks, tail_chunks = (rotary_dim if split else half) // v, tail // v
+        chunks = f.chunks = rot_chunks + tail_chunks
+    unroll = _setting(rules, "unroll", f)
     if chunks > THREADS_PER_BLOCK:
         raise ValueError(f"head_dim {head_dim} needs {chunks} threads per row, more than a block "
                          f"of {THREADS_PER_BLOCK}")
@@ -307,15 +384,16 @@ def choose(*, operands: list[Operand], batch: int, seqlen: int, head_dim: int, r
                                   rows))
     if angle_bytes:
         tokens_per_block = max(1, min(tokens_per_block, SMEM_LIMIT // angle_bytes))
-    splits = 1
-    if shape_rule != "fixed":  # split the heads until the blocks cover the SMs twice
+    splits, head_splits = 1, _setting(rules, "head_splits", f)
+    if head_splits is True:  # split the heads until the blocks cover the SMs twice
         blocks = -(-rows // tokens_per_block) * grid_batch
-        if blocks < 2 * sm_count(q.get_device()):
-            splits = min(htot, -(-2 * sm_count(q.get_device()) // blocks))
+        if blocks < 2 * f.sms:
+            splits = min(htot, -(-2 * f.sms // blocks))
+    elif head_splits:
+        splits = min(htot, head_splits)
     heads_per_split = -(-htot // splits)
     splits = -(-htot // heads_per_split)
     lanes = min(lanes, heads_per_split)
-
     name = kernel.kernel_name(q.dtype, table_dtype, v, interleaved, computed, index_bits, unroll,
                               flags)
     grid = (-(-rows // tokens_per_block), grid_batch, splits)

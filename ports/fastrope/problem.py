@@ -7,20 +7,27 @@ tensor contents (the ``check_positions`` checks) on every call.
 """
 from __future__ import annotations
 
+import enum
 import functools
 from dataclasses import dataclass
 
 import torch
 
-from ports.fastrope.plan import MAX_GRID_Y
+from ports.fastrope.limits import MAX_GRID_Y
 from reference import tables
 from reference.vocabulary import (BSH_AXES, DIM_NAMES, INDEX_DTYPES, KERNEL_TORCH_DTYPES,
                                   LAYOUTS, STYLES)
 
-# How rope.cu finds each token's position (Params.pos_mode).
-POSITIONS_ARANGE = 0   # 0..S-1 (plus an int offset)
-POSITIONS_OFFSETS = 1  # 0..S-1 plus a per-sequence offset tensor
-POSITIONS_IDS = 2      # per-token ids
+
+
+class Positions(enum.IntEnum):
+    """How each token's position is found: the one encoding of ``Problem.positions``, rope.cu's
+    ``Params.positions`` and the step kernel's switches (rope.cu's ``enum Positions`` spells the
+    same values; tests/test_fastrope.py checks that they agree)."""
+
+    ARANGE = 0   # 0..S-1, plus the int ``offsets`` (0 without)
+    OFFSETS = 1  # 0..S-1 plus the per-sequence ``offsets`` tensor
+    IDS = 2      # the per-token ``positions`` tensor
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)  # compared and hashed by identity: one per key
@@ -40,17 +47,17 @@ class Problem:
     tables_need_copy: bool     # cos/sin strides differ: made contiguous per call
     half_table: bool           # cos/sin are [L, R/2], one angle per pair
     default_inv_freq: torch.Tensor | None  # computed angles without a given inv_freq
-    pos_mode: int              # POSITIONS_ARANGE, POSITIONS_OFFSETS or POSITIONS_IDS
-    pos_strides: tuple[int, int]
-    pos_int32: bool
+    positions: Positions       # how each token's position is found
+    position_strides: tuple[int, int]  # the ids' (batch, sequence) strides; offsets: (b, 0)
+    position_int32: bool       # the ids or offsets tensor is int32 (else int64)
     nseq: int                  # thd: sequences in cu_seqlens; else 0
-    max_seqlen: int | None
+    max_seqlen: int | None     # thd: the caller's bound on a sequence's length
 
     @property
     def check_syncs(self) -> bool:
         """Whether :func:`check_contents` may read device memory (cu_seqlens, ids or an offsets
         tensor), which a CUDA-graph capture does not allow."""
-        return self.layout == "thd" or self.pos_mode != POSITIONS_ARANGE
+        return self.layout == "thd" or self.positions != Positions.ARANGE
 
 
 def strides(x: torch.Tensor, layout: str) -> tuple[int, int, int]:
@@ -190,19 +197,19 @@ def validate(*, q, k, cos, sin, positions, offsets, cu_seqlens, max_seqlen, styl
         raise ValueError(f"cu_seqlens and max_seqlen only apply to layout 'thd', not {layout!r}")
 
     # Positions: 0..S-1 (plus a scalar or per-sequence offset), or per-token ids.
-    pos_mode, pos_tensor, pos_strides = POSITIONS_ARANGE, None, (0, 0)
+    form, pos_tensor, pos_strides = Positions.ARANGE, None, (0, 0)
     if positions is not None and offsets is not None:
         raise ValueError("pass positions (per-token ids) or offsets (per sequence), not both")
     if positions is not None:
         shapes = [(seqlen,)] if layout == "thd" else [(batch, seqlen), (seqlen,)]
         _check_index_tensor(positions, "positions", shapes, q.device)
-        pos_mode, pos_tensor = POSITIONS_IDS, positions
+        form, pos_tensor = Positions.IDS, positions
         pos_strides = ((0, positions.stride(0)) if positions.dim() == 1
                        else (positions.stride(0), positions.stride(1)))
     elif isinstance(offsets, torch.Tensor):
         n = nseq if layout == "thd" else batch
         _check_index_tensor(offsets, "offsets", [(n,)], q.device)
-        pos_mode, pos_tensor, pos_strides = POSITIONS_OFFSETS, offsets, (offsets.stride(0), 0)
+        form, pos_tensor, pos_strides = Positions.OFFSETS, offsets, (offsets.stride(0), 0)
     elif offsets is not None and not isinstance(offsets, int):
         raise TypeError(f"offsets must be an int or an int tensor, got {type(offsets).__name__}")
 
@@ -225,8 +232,8 @@ def validate(*, q, k, cos, sin, positions, offsets, cu_seqlens, max_seqlen, styl
         layout=layout, interleaved=style == "interleaved", batch=batch, seqlen=seqlen,
         head_dim=head_dim, rotary_dim=rot, computed=cos is None, table_dtype=table_dtype,
         table_rows=rows, table_stride=stride, tables_need_copy=copy, half_table=half_table,
-        default_inv_freq=inv, pos_mode=pos_mode, pos_strides=pos_strides,
-        pos_int32=pos_tensor is not None and pos_tensor.dtype == torch.int32, nseq=nseq,
+        default_inv_freq=inv, positions=form, position_strides=pos_strides,
+        position_int32=pos_tensor is not None and pos_tensor.dtype == torch.int32, nseq=nseq,
         max_seqlen=max_seqlen)
 
 
@@ -252,11 +259,11 @@ def check_contents(p: Problem, *, cos, positions, offsets, cu_seqlens) -> None:
     if cos is None:
         return
     pos_add = offsets if isinstance(offsets, int) else 0
-    if p.pos_mode == POSITIONS_IDS:
+    if p.positions == Positions.IDS:
         lo, hi = _min_max(positions) if positions.numel() else (0, 0)
     else:
         lo, hi = 0, max(span, 1) - 1
-        if p.pos_mode == POSITIONS_OFFSETS and offsets.numel():
+        if p.positions == Positions.OFFSETS and offsets.numel():
             olo, ohi = _min_max(offsets)
             lo, hi = lo + olo, hi + ohi
     lo, hi = lo + pos_add, hi + pos_add

@@ -8,54 +8,74 @@
 //   block (chunks, head_lanes, tokens)              chunk threads x head lanes x tokens
 // sbhd walks the (s, b) tokens in memory order instead (Params.fold).
 // A chunk thread owns V elements (16 bytes when sizes and strides allow) of one half, loading
-// their partners (rotate-half), or of each half (BOTH_HALVES), or V/2 pairs (interleaved), and
+// their partners (rotate-half), or of each half (PAIR_PER_THREAD), or V/2 pairs (interleaved), and
 // walks the heads of its token UNROLL heads per step, reusing its cos/sin for every head of q
 // and k. Math is fp32 with one rounding at the store. The host (plan.py) picks V, UNROLL and the
 // shape; ports/fastrope/DESIGN.md gives the design, where each idea came from and what it is worth.
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 
-// Resident blocks of 256 threads per SM the register budget must allow: one head per step from
-// given tables with a thread per chunk of one half (the one_half_per_thread ablation) fits 6
-// blocks (<= 40 registers, no spills); computed angles out of place with 4 heads per step (a
-// thread per half) fit 3 (<= 80 registers, no spills), so that more warps hide the per-token
-// fp64 sincos. The other kernels keep their registers: with tables (both halves per thread) a
-// cap spills the 16-bit ones and gains nothing for fp32; computed angles in place were not
-// measured with one. DESIGN.md ("Registers") has the measurements.
-// tools/launch_shape_sweep.py overrides it with -DSTUDY_MIN_BLOCKS_CAP=N.
-#ifdef STUDY_MIN_BLOCKS_CAP
-#define STUDY_MIN_BLOCKS(unroll, computed, flags) STUDY_MIN_BLOCKS_CAP
-#else
-#define STUDY_MIN_BLOCKS(unroll, computed, flags)                         \
-  (((flags) & BOTH_HALVES) ? 1                                            \
+// Resident blocks of 256 threads per SM the register budget of rope_rows must allow: one head per
+// step from given tables with a thread per chunk of one half (the one_half_per_thread ablation)
+// fits 6 blocks (<= 40 registers, no spills); computed angles out of place with 4 heads per step
+// (a thread per half) fit 3 (<= 80 registers, no spills), so that more warps hide the per-token
+// fp64 sincos. The other kernels keep their registers: with tables (a pair per thread) a cap
+// spills the 16-bit ones and gains nothing for fp32; computed angles in place were not measured
+// with one. DESIGN.md ("Registers") has the measurements.
+#define ROWS_MIN_BLOCKS(unroll, computed, flags)                          \
+  (((flags) & PAIR_PER_THREAD) ? 1                                        \
    : (unroll) == 1 && !(computed) ? 6 : (unroll) == 4 && (computed) ? 3 : 1)
+
+// Build options for experiments (ports/fastrope/experiment.py); the design is built with none:
+//   ROPE_PLAIN_LOADS, ROPE_PLAIN_STORES  plain data loads / stores where the plan streams them
+//   ROPE_TRAFFIC_ONLY    no rotation: each chunk stored as loaded, every table load kept live
+//                        (the memory traffic alone)
+//   ROPE_MIN_BLOCKS=N    rope_rows' __launch_bounds__ minimum blocks (else ROWS_MIN_BLOCKS)
+#ifdef ROPE_MIN_BLOCKS
+#define ROWS_LAUNCH_MIN_BLOCKS(unroll, computed, flags) ROPE_MIN_BLOCKS
+#else
+#define ROWS_LAUNCH_MIN_BLOCKS(unroll, computed, flags) ROWS_MIN_BLOCKS(unroll, computed, flags)
+#endif
+#ifdef ROPE_PLAIN_LOADS
+constexpr bool kStreamingLoads = false;
+#else
+constexpr bool kStreamingLoads = true;
+#endif
+#ifdef ROPE_PLAIN_STORES
+constexpr bool kStreamingStores = false;
+#else
+constexpr bool kStreamingStores = true;
 #endif
 
-// Ablation switches (the FLAGS template argument); 0 is the shipped design, but for what plan.py
-// sets: NO_CACHE_HINTS where the data fits in the L2, BOTH_HALVES in place and from tables.
-#define RELOAD_TABLE 1    // load cos/sin again for every head instead of once per token
-#define NO_CACHE_HINTS 2  // plain loads/stores instead of streaming (evict-first) ones
-#define ANGLE_FP32 4      // computed angles: fp32 pos * inv_freq and sincosf (the common design)
-#define DIVIDE 8          // recover (b, s, h, chunk) from a flat index with div/mod per head
-#define BOTH_HALVES 16    // rotate-half: a thread owns a chunk of each half (no partner loads)
+// The FLAGS template argument: each bit chooses between two ways of doing one thing (kernel.py
+// names the same bits; plan.py's rules set them per problem).
+#define TABLE_PER_HEAD 1   // on: cos/sin loaded again for every head; off: once per token
+#define PLAIN_ACCESSES 2   // on: plain loads/stores; off: streaming (evict-first) ones
+#define FP32_ANGLES 4      // computed angles: on: fp32 pos * inv_freq and sincosf; off: fp64
+#define FLAT_INDEX 8       // on: (b, s, h, chunk) from a flat index by div/mod per head
+#define PAIR_PER_THREAD 16 // rotate-half: on: a thread owns a chunk of each half; off: one half,
+                           // loading its partners
+
+// How each token's position is found (Params.positions; problem.Positions spells the same).
+enum Positions { POSITIONS_ARANGE = 0, POSITIONS_OFFSETS = 1, POSITIONS_IDS = 2 };
 
 struct Params {
   // Per call (packed on every launch): pointers and the scalar position offset.
   unsigned long long in[2], out[2];             // q, k (k: 0 when absent); out == in in place
-  unsigned long long cos, sin, inv_freq, pos, cu_seqlens;
-  long long pos_add;                            // scalar added to every position
+  unsigned long long cos, sin, inv_freq, position_tensor, cu_seqlens;
+  long long offset;                             // the int offset added to every position
   // Per problem (packed once per shape, cached on the host).
   long long in_sb[2], in_ss[2], in_sh[2];       // element strides of batch, sequence, head
   long long out_sb[2], out_ss[2], out_sh[2];
-  long long pos_sb, pos_ss;                     // ids strides (offsets: pos_sb only)
+  long long position_sb, position_ss;           // ids strides (offsets: position_sb only)
   long long table_rows, table_stride;           // rows L and row stride of cos/sin
   int heads[2];                                 // q heads, k heads (0 without k)
   int seqlen;                                   // S (thd: total tokens T)
   int nseq;                                     // thd: sequences in cu_seqlens; else 0
   int rot_chunks, tail_chunks;                  // chunk threads per row: rotary, pass-through
   int heads_per_split;                          // heads one block covers (grid.z splits)
-  int pos_mode;                                 // 0: 0..S-1, 1: per-sequence offset, 2: ids
-  int pos_int32;                                // positions tensor is int32 (else int64)
+  int positions;                                // enum Positions
+  int position_int32;                           // the ids or offsets tensor is int32 (else int64)
   int half_table;                               // tables are [L, R/2] (one angle per pair)
   int half;                                     // R / 2
   int backward;                                 // rotate by -theta (the transpose)
@@ -68,25 +88,25 @@ struct Params {
 // against Params' 264: fewer argument lines for every block to read.
 struct StepParams {
   unsigned long long in[2], out[2];
-  unsigned long long cos, sin, inv_freq, pos, cu_seqlens;  // inv_freq, cu_seqlens: unused
-  long long pos_add;
+  unsigned long long cos, sin, inv_freq, position_tensor, cu_seqlens;  // inv_freq, cu_seqlens: unused
+  long long offset;
   int in_sb[2], in_ss[2], in_sh[2];
   int out_sb[2], out_ss[2], out_sh[2];
-  int pos_sb, pos_ss;
+  int position_sb, position_ss;
   int table_rows, table_stride;
   int heads[2];
   int rot_chunks, half;
-  int pos_mode, pos_int32, half_table, backward;
+  int positions, position_int32, half_table, backward;
   static constexpr int nseq = 0;  // no thd: token_position's search is compiled out
 };
 // The step kernel's argument: StepParams whose four problem switches are template constants
-// (SWITCHES = pos_mode | pos_int32 << 2 | half_table << 3 | backward << 4; the host's
+// (SWITCHES = positions | position_int32 << 2 | half_table << 3 | backward << 4; the host's
 // kernel.step_switches), so the position form, id width, table width and direction compile to
 // straight-line code; SWITCHES = -1 reads them at run time (the runtime_switches ablation). The
 // constants hide StepParams' fields of the same names; the bytes are StepParams'.
 template <int SWITCHES> struct StepArgs : StepParams {
-  static constexpr int pos_mode = SWITCHES & 3;
-  static constexpr int pos_int32 = (SWITCHES >> 2) & 1;
+  static constexpr int positions = SWITCHES & 3;
+  static constexpr int position_int32 = (SWITCHES >> 2) & 1;
   static constexpr int half_table = (SWITCHES >> 3) & 1;
   static constexpr int backward = (SWITCHES >> 4) & 1;
 };
@@ -128,10 +148,10 @@ template <> struct Word<4> { using type = unsigned int; };
 template <> struct Word<2> { using type = unsigned short; };
 
 template <typename W, bool STREAM> __device__ __forceinline__ W load_word(const W* p) {
-  if constexpr (STREAM) return __ldcs(p); else return *p;
+  if constexpr (STREAM && kStreamingLoads) return __ldcs(p); else return *p;
 }
 template <typename W, bool STREAM> __device__ __forceinline__ void store_word(W* p, W v) {
-  if constexpr (STREAM) __stcs(p, v); else *p = v;
+  if constexpr (STREAM && kStreamingStores) __stcs(p, v); else *p = v;
 }
 
 // N elements of T at p (aligned to min(16, N * sizeof(T)) bytes), as floats.
@@ -185,8 +205,8 @@ __device__ __forceinline__ void store_chunk(T* p, const Chunk<T, V>& c) {
 
 template <typename P>
 __device__ __forceinline__ long long read_position(const P& p, long long i) {
-  return p.pos_int32 ? (long long)reinterpret_cast<const int*>(p.pos)[i]
-                     : reinterpret_cast<const long long*>(p.pos)[i];
+  return p.position_int32 ? (long long)reinterpret_cast<const int*>(p.position_tensor)[i]
+                          : reinterpret_cast<const long long*>(p.position_tensor)[i];
 }
 
 // The token's rotary position; for thd also its sequence.
@@ -205,9 +225,9 @@ __device__ __forceinline__ long long token_position(const P& p, int b, int s) {
     local = s - cu[lo];
   }
   long long pos = local;
-  if (p.pos_mode == 1) pos += read_position(p, seq * p.pos_sb);
-  else if (p.pos_mode == 2) pos = read_position(p, b * p.pos_sb + (long long)s * p.pos_ss);
-  return pos + p.pos_add;
+  if (p.positions == POSITIONS_OFFSETS) pos += read_position(p, seq * p.position_sb);
+  else if (p.positions == POSITIONS_IDS) pos = read_position(p, b * p.position_sb + (long long)s * p.position_ss);
+  return pos + p.offset;
 }
 
 // Elements one chunk thread rotates per head: rotate-half pairs (a[i], b[i]) = (x[j], x[j + R/2]);
@@ -279,7 +299,7 @@ __device__ __forceinline__ void transpose_angles(Angles<V, INTERLEAVED>& a) {
   }
 }
 
-// Rotate-half (unless BOTH_HALVES): a thread owns V elements of one half only. It rotates them with its own cosine
+// Rotate-half (unless PAIR_PER_THREAD): a thread owns V elements of one half only. It rotates them with its own cosine
 // and a signed sine: forward, own sine (first half: -s, second: +s); backward (the transpose),
 // the partner's sine (first half: +s, second: -s). cA holds the cosines, sA the signed sines.
 template <typename TT, int V, typename P>
@@ -383,9 +403,17 @@ __device__ __forceinline__ void rotate_store(const Angles<V, INTERLEAVED>& ang, 
                                              Chunk<T, V>& y, T* dst, int second, bool rotary) {
   if (rotary) {
     if constexpr (SPLIT) {
+#ifdef ROPE_TRAFFIC_ONLY  // every table element still loaded: their sum never reaches -1e30
+      { float t = 0.f; for (int i = 0; i < V; ++i) t += ang.cA[i] + ang.sA[i]; if (t == -1e30f) x = y; }
+#else
       rotate_split<T, V, LO>(ang, x, y);
+#endif
     } else {
+#ifdef ROPE_TRAFFIC_ONLY
+      { float t = 0.f; for (int i = 0; i < Angles<V, INTERLEAVED>::N; ++i) t += ang.cA[i] + ang.sA[i] + ang.cB[i] + ang.sB[i]; if (t == -1e30f) x = y; }
+#else
       rotate<T, V, INTERLEAVED, LO>(ang, x, y);
+#endif
       if constexpr (!INTERLEAVED) store_chunk<T, V, STREAM>(dst + second, y);
     }
   }
@@ -394,11 +422,11 @@ __device__ __forceinline__ void rotate_store(const Angles<V, INTERLEAVED>& ang, 
 
 template <typename T, typename TT, int V, bool INTERLEAVED, bool COMPUTED, typename IDX,
           int UNROLL, int FLAGS>
-__global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)) study_rope(const Params p) {
-  constexpr bool STREAM = !(FLAGS & NO_CACHE_HINTS);
-  constexpr bool SPLIT = !INTERLEAVED && !(FLAGS & BOTH_HALVES);
+__global__ void __launch_bounds__(256, ROWS_LAUNCH_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)) rope_rows(const Params p) {
+  constexpr bool STREAM = !(FLAGS & PLAIN_ACCESSES);
+  constexpr bool SPLIT = !INTERLEAVED && !(FLAGS & PAIR_PER_THREAD);
   // fp32 outputs of computed angles carry each cos/sin as a float pair (hi + lo).
-  constexpr bool LO = COMPUTED && sizeof(T) == 4 && !(FLAGS & ANGLE_FP32);
+  constexpr bool LO = COMPUTED && sizeof(T) == 4 && !(FLAGS & FP32_ANGLES);
   constexpr int N = Angles<V, INTERLEAVED>::N;
   const int chunk = threadIdx.x;
   int s = blockIdx.x * blockDim.z + threadIdx.z;
@@ -430,7 +458,7 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
            j += blockDim.x * blockDim.y) {
         const int e0 = INTERLEAVED ? 2 * j : j, e1 = INTERLEAVED ? 2 * j + 1 : j + p.half;
         float c, sn, cl = 0.f, sl = 0.f;
-        if constexpr (FLAGS & ANGLE_FP32) {
+        if constexpr (FLAGS & FP32_ANGLES) {
           sincosf((float)pos * (float)inv_freq[j], &sn, &c);
         } else {
           double cd, sd;
@@ -457,7 +485,7 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
           if constexpr (LO) { ang.cAl[i] = cl_row[own + i]; ang.sAl[i] = sign * sl_row[sine + i]; }
         }
       } else {
-        // Interleaved: members (2i, 2i+1) of the chunk; BOTH_HALVES: (i, i + R/2).
+        // Interleaved: members (2i, 2i+1) of the chunk; PAIR_PER_THREAD: (i, i + R/2).
 #pragma unroll
         for (int i = 0; i < N; ++i) {
           const int e0 = INTERLEAVED ? chunk * V + 2 * i : chunk * V + i;
@@ -492,7 +520,7 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
   const IDX q_out = (IDX)b * (IDX)p.out_sb[0] + (IDX)s * (IDX)p.out_ss[0] + (IDX)elem;
   const IDX k_out = (IDX)b * (IDX)p.out_sb[1] + (IDX)s * (IDX)p.out_ss[1] + (IDX)elem;
   const int hq = p.heads[0];
-  // Offset of the rotate-half partners: the other half (BOTH_HALVES: the second half).
+  // Offset of the rotate-half partners: the other half (PAIR_PER_THREAD: the second half).
   const int second = INTERLEAVED ? 0 : (SPLIT && !first_half) ? -p.half : p.half;
   const int lanes = blockDim.y;
 
@@ -508,7 +536,7 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
       const bool is_k = h >= hq;
       const int hh = is_k ? h - hq : h;
       IDX from, to;
-      if constexpr (FLAGS & DIVIDE) {
+      if constexpr (FLAGS & FLAT_INDEX) {
         // Ablation: the flat-index designs' div/mod, (b, s, h) recovered from one id per head.
         const IDX chunks = (IDX)(p.rot_chunks + p.tail_chunks);
         const IDX rows = (IDX)(is_k ? p.heads[1] : hq) * chunks;
@@ -535,7 +563,7 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
       if (h0 + u * lanes >= hend) continue;
       if (rotary) {
         if constexpr (!COMPUTED) {
-          if ((FLAGS & RELOAD_TABLE) || !have_angles) {  // RELOAD_TABLE: again for every head
+          if ((FLAGS & TABLE_PER_HEAD) || !have_angles) {  // TABLE_PER_HEAD: again for every head
             if (!have_angles && (!EARLY_POSITION || p.nseq > 0)) pos = token_position(p, b, s);
             table_angles<TT, V, INTERLEAVED, SPLIT>(p, pos, chunk, elem, first_half, ang);
             have_angles = true;
@@ -551,7 +579,7 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
 // q and k; a prefill whose data is about the L2's size): one thread per (token, chunk) and
 // HEADS heads of it (1 in the design), no loop, so every thread's loads are in flight at once
 // and no thread waits on another; rotate-half threads own a chunk of each half (the host sets
-// BOTH_HALVES). Given tables only, no thd; the host (plan.py, step_work_bound) picks it when
+// PAIR_PER_THREAD). Given tables only, no thd; the host (plan.py, step_work_bound) picks it when
 // the chunk-rows are fewer than 8 (16-bit) or 4 (fp32) times the resident threads, 2 for sbhd
 // with B > 1, and every offset fits 32 bits.
 //   grid  (S, B, head_blocks)   block (chunks, head lanes); lane l of block z takes heads
@@ -565,8 +593,8 @@ __global__ void __launch_bounds__(256, STUDY_MIN_BLOCKS(UNROLL, COMPUTED, FLAGS)
 // (StepArgs): no branch on them either, and fewer registers.
 template <typename T, typename TT, int V, bool INTERLEAVED, int FLAGS, int HEADS, int SWITCHES>
 __global__ void __launch_bounds__(256) rope_step(const StepArgs<SWITCHES> p) {
-  constexpr bool STREAM = !(FLAGS & NO_CACHE_HINTS);
-  constexpr bool SPLIT = !INTERLEAVED && !(FLAGS & BOTH_HALVES);
+  constexpr bool STREAM = !(FLAGS & PLAIN_ACCESSES);
+  constexpr bool SPLIT = !INTERLEAVED && !(FLAGS & PAIR_PER_THREAD);
   const int hq = p.heads[0], htot = hq + p.heads[1], lanes = blockDim.y;
   const int h0 = blockIdx.z * lanes * HEADS + threadIdx.y;
   if (h0 >= htot) return;
