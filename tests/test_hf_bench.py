@@ -1,4 +1,4 @@
-"""The end-to-end benchmark's plumbing on CPU (ports/fastrope/hf_bench.py): every mode and
+"""The end-to-end benchmark's plumbing on CPU (ports/harness/hf_bench.py): every mode and
 variant runs on a tiny model, repetitions alternate, the table and the CSV carry every cell, and
 bad arguments exit 2 with one line. Skipped without transformers."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("transformers", reason="needs Hugging Face transformers: pip install -e "
                                            "'.[hf]'")
 
-from ports.fastrope import hf_bench  # noqa: E402
+from ports.harness import hf_bench  # noqa: E402
 
 ARGS = ["--size", "tiny", "--reps", "2", "--iters", "1", "--warmup", "1", "--batch", "2",
         "--seq", "8", "--prefill", "16", "--new-tokens", "2", "--device", "cpu", "--liger"]

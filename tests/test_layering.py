@@ -16,7 +16,6 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ("ports", "reference")
 # A known arrow back up, removed on another branch: the coordinator deletes this entry at merge.
-KNOWN = {"ports/harness/claims.py": "seed004 moves into the package (harness branch)"}
 
 
 def _files(*tops):
@@ -84,21 +83,13 @@ def _rel(path: pathlib.Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
-@pytest.mark.parametrize("path", [p for p in _files(*PACKAGE) if _rel(p) not in KNOWN], ids=_rel)
+@pytest.mark.parametrize("path", _files(*PACKAGE), ids=_rel)
 def test_the_package_never_imports_tools(path):
-    assert not tools_imports(ast.parse(path.read_text(), str(path)))
-
-
-@pytest.mark.parametrize("path", [ROOT / p for p in KNOWN if (ROOT / p).exists()], ids=_rel)
-@pytest.mark.xfail(strict=True, reason=KNOWN["ports/harness/claims.py"])
-def test_known_arrow_back_up(path):
     assert not tools_imports(ast.parse(path.read_text(), str(path)))
 
 
 @pytest.mark.parametrize("path", _files("tools"), ids=_rel)
 def test_tools_use_only_public_names(path):
-    if path.name == "seed004_pipeline.py":
-        pytest.skip("seed004 moves into the package (harness branch)")
     assert not private_uses(ast.parse(path.read_text(), str(path)))
 
 

@@ -3,9 +3,9 @@ Liger is installed), per family and size, alternating A/B.
 
 Usage::
 
-    python -m ports.fastrope.hf_bench --family llama --size 1b --reps 10 \\
+    python -m ports.harness.hf_bench --family llama --size 1b --reps 10 \\
         --csv results/hf_bench.csv
-    python -m ports.fastrope.hf_bench --family all --size tiny --modes train,decode
+    python -m ports.harness.hf_bench --family all --size tiny --modes train,decode
 
 Modes, each timed with CUDA events after a warm-up, per variant:
 
@@ -223,7 +223,7 @@ def _metadata(device) -> dict[str, str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ports.fastrope.hf_bench",
+    p = argparse.ArgumentParser(prog="python -m ports.harness.hf_bench",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--family", default="llama",
                    help="a family of the table, a comma list, or 'all'")
