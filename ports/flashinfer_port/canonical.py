@@ -100,9 +100,9 @@ def _specs() -> list[ImplSpec]:
         dtypes=HALF_DTYPES, partial=True, backward=False, tensors_per_launch=2, check=_limits,
         per_thread="vec_size = max(8, D/32) elements (one 16-byte vector, 32 bytes at D = 512)",
         access="16-byte vector loads and stores; token and head strides free, last dim contiguous")
-    pos_launch = ("block (D/vec, 128/(D/vec)): sequential heads, grid (ceil(nnz/bdy)), when those "
+    pos_launch = ("block (D/vec, 128/(D/vec)): sequential heads, grid (ceil(nnz / bdy)), when those "
                   "blocks fill the GPU's resident slots, else head-parallel, grid "
-                  "(ceil(nnz/bdy), Hq + Hk)")
+                  "(ceil(nnz / bdy), Hq + Hk)")
     forms = (
         ("indptr", "apply_rope", frozenset({"arange", "offset"}), "computed",
          "indptr (segments) + per-segment offsets",

@@ -124,7 +124,7 @@ def _specs() -> list[ImplSpec]:
             launch="block (bdx, bdy): bdx = head_dim / vec threads per head, 128 threads; grid "
                    "(tokens / bdy) looping over heads, or (tokens / bdy, q + k heads) below one "
                    "wave (occupancy x SMs)",
-            per_thread="a vec_size-element vector (16 bytes) of one head",
+            per_thread="a vector of vec_size elements (16 bytes) of one head",
             access="16-byte vector loads/stores of x; float4 loads of the cache row",
             math="fp32 from an fp32 cache, one rounding; built with -use_fast_math",
             **common),
