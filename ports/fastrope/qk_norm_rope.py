@@ -81,7 +81,8 @@ NAMESPACE = "fastrope"
 MAX_HEAD_DIM = 1024        # one head row held in registers
 MAX_BLOCK_ELEMENTS = 2048  # forward: heads per program * head_dim (16 elements a thread at 4 warps)
 MAX_BLOCK_ELEMENTS_BWD = 1024  # backward holds x, dy and the partial sums: half the forward's
-LONG_RUN_TOKENS = 8        # backward tokens per program once there are enough programs anyway
+LONG_RUN_TOKENS = 8        # backward tokens per program once there are enough programs anyway,
+LONG_RUN_MIN_TOKENS = 512  # that is from this many tokens (64 groups of 8)
 
 
 def _short(dtype: torch.dtype) -> str:
@@ -330,7 +331,7 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
     qb, kb = triton.cdiv(g.q_heads, bq), triton.cdiv(g.k_heads, bk)
     # Several tokens per program once the grid has plenty of programs without them: fewer
     # partial rows (the deterministic reduction's cost), same parallelism.
-    tpp = LONG_RUN_TOKENS if g.tokens >= 64 * LONG_RUN_TOKENS else 1
+    tpp = LONG_RUN_TOKENS if g.tokens >= LONG_RUN_MIN_TOKENS else 1
     groups = triton.cdiv(g.tokens, tpp)
     qpart = _alloc.empty((groups * qb, g.head_dim), dtype=torch.float32, device=q.device)
     kpart = _alloc.empty((groups * kb, g.head_dim), dtype=torch.float32, device=q.device)
