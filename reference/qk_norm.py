@@ -92,7 +92,7 @@ def forward_tolerance(ref: torch.Tensor, z: torch.Tensor, dtype: torch.dtype, he
     ``dtype``, whose normalised input before the rotation was ``z`` (float64)."""
     scale = float(z.abs().max()) if z.numel() else 0.0
     return torch.tensor(ulp(float(ref.abs().max()) if ref.numel() else 0.0, dtype)
-                        + fp32_steps(head_dim) * FP32_UNIT * scale, dtype=F64)
+                        + fp32_steps(head_dim) * FP32_UNIT * scale, dtype=F64, device=ref.device)
 
 
 def backward_tolerances(x: torch.Tensor, weight: torch.Tensor, grad: torch.Tensor, eps: float,
@@ -124,7 +124,7 @@ def backward_tolerances(x: torch.Tensor, weight: torch.Tensor, grad: torch.Tenso
         x, weight, grad, eps, cos_table, sin_table, positions, layout=layout, style=style,
         gemma=gemma)
     dx_tol = torch.tensor(ulp(float(dx_ref.abs().max()), dx_dtype)
-                          + fp32_steps(d) * FP32_UNIT * dx_scale, dtype=F64)
+                          + fp32_steps(d) * FP32_UNIT * dx_scale, dtype=F64, device=x.device)
     terms = (dz * x_hat).abs().reshape(-1, d)
     n = terms.shape[0]
     dw_abs = terms.sum(0)

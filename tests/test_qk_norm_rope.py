@@ -20,7 +20,7 @@ from ports.fastrope.qk_norm_rope import qk_norm_rope, qk_norm_rope_inplace
 from reference import tables
 from reference.layouts import shape_of
 from reference.qk_norm import (backward_tolerances, forward_tolerance, qk_norm_rope_oracle,
-                               rms_norm)
+                               qk_norm_rope_oracle_backward, rms_norm)
 from reference.vocabulary import DTYPES
 
 EPS = 1e-6
@@ -100,16 +100,18 @@ def make_case(c: Case, seed: int = 0) -> dict:
 
 
 def _oracle_kw(c: Case, inp: dict) -> dict:
-    return dict(cos_table=inp["cos64"], sin_table=inp["sin64"], positions=inp["pos"],
-                layout=c.layout, style=c.style, gemma=c.gemma)
+    """The oracle's arguments, on the case's device (float64 runs on the GPU there)."""
+    return dict(cos_table=inp["cos64"].to(c.device), sin_table=inp["sin64"].to(c.device),
+                positions=inp["pos"].to(c.device), layout=c.layout, style=c.style,
+                gemma=c.gemma)
 
 
 def _close(actual: torch.Tensor, ref: torch.Tensor, tol: torch.Tensor, what: str) -> None:
     """``|actual - ref| <= tol`` elementwise (``tol`` 0-d or broadcastable), with a report."""
-    actual = actual.detach().double().cpu()
+    actual = actual.detach().double()
     assert not actual.isnan().any(), f"{what}: NaN (an element left unwritten?)"
-    err = (actual - ref).abs()
-    bad = err > tol
+    err = (actual - ref.to(actual.device)).abs()
+    bad = err > tol.to(actual.device)
     assert not bad.any(), (f"{what}: {int(bad.sum())} of {err.numel()} elements beyond "
                            f"tolerance; max err {float(err.max()):.3e}, tol "
                            f"{float(tol.max()):.3e}")
@@ -129,8 +131,8 @@ def check_forward(c: Case, seed: int = 0, *, in_place: bool = False) -> None:
             assert qo.is_contiguous() and ko.is_contiguous()
     for name, out, x, w in (("q", qo, q0, inp["qw"]), ("k", ko, k0, inp["kw"])):
         assert out.shape == x.shape and out.dtype == x.dtype
-        ref = qk_norm_rope_oracle(x.cpu(), w.cpu(), EPS, **_oracle_kw(c, inp))
-        z = rms_norm(x.cpu(), w.cpu(), EPS, gemma=c.gemma)
+        ref = qk_norm_rope_oracle(x, w, EPS, **_oracle_kw(c, inp))
+        z = rms_norm(x, w, EPS, gemma=c.gemma)
         _close(out, ref, forward_tolerance(ref, z, x.dtype, c.d), f"{name}_out {c}")
 
 
@@ -150,12 +152,10 @@ def check_backward(c: Case, seed: int = 0, *, broadcast_grad: bool = False) -> d
     got = dict(dq=dq, dk=dk, dqw=dqw, dkw=dkw)
     for x, w, g, dx, dw, name in ((inp["q"], inp["qw"], grads[0], dq, dqw, "q"),
                                   (inp["k"], inp["kw"], grads[1], dk, dkw, "k")):
-        from reference.qk_norm import qk_norm_rope_oracle_backward
-
         okw = _oracle_kw(c, inp)
-        dx_ref, dw_ref = qk_norm_rope_oracle_backward(x.cpu(), w.cpu(), g.cpu(), EPS, **okw)
-        dx_tol, dw_tol = backward_tolerances(x.cpu(), w.cpu(), g.cpu(), EPS, **okw,
-                                             dx_dtype=x.dtype, dw_dtype=w.dtype)
+        dx_ref, dw_ref = qk_norm_rope_oracle_backward(x, w, g, EPS, **okw)
+        dx_tol, dw_tol = backward_tolerances(x, w, g, EPS, **okw, dx_dtype=x.dtype,
+                                             dw_dtype=w.dtype)
         assert dx.dtype == x.dtype and dw.dtype == w.dtype and dw.shape == w.shape
         _close(dx, dx_ref, dx_tol, f"d{name} {c}")
         _close(dw, dw_ref, dw_tol, f"d{name}_weight {c}")
@@ -243,8 +243,8 @@ def test_forward_matches_transformers_in_fp32():
                                          cos, sin, unsqueeze_dim=2)
     qo, ko = qk_norm_rope(inp["q"], inp["k"], inp["qw"], inp["kw"], EPS, **inp["kwargs"])
     for out, hf, x, w in ((qo, hq, inp["q"], inp["qw"]), (ko, hk, inp["k"], inp["kw"])):
-        ref = qk_norm_rope_oracle(x.cpu(), w.cpu(), EPS, **_oracle_kw(c, inp))
-        tol = 2 * forward_tolerance(ref, rms_norm(x.cpu(), w.cpu(), EPS), x.dtype, c.d)
+        ref = qk_norm_rope_oracle(x, w, EPS, **_oracle_kw(c, inp))
+        tol = 2 * forward_tolerance(ref, rms_norm(x, w, EPS), x.dtype, c.d)
         _close(out, hf.double(), tol, "fused vs transformers")
 
 
