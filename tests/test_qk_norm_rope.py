@@ -447,3 +447,66 @@ def test_bench_table_and_cli_without_gpu(capsys):
     if not torch.cuda.is_available():
         assert bench.main([]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+# ---- the kernels compile for sm_90 (no GPU needed) ---------------------------------------------
+_COMPILE_SM90 = r"""
+import shutil, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from ports.fastrope import qk_norm_rope as Q, qk_norm_rope_kernels as K
+
+POINTERS = {"q_ptr", "k_ptr", "qo_ptr", "ko_ptr", "gq_ptr", "gk_ptr", "dq_ptr", "dk_ptr"}
+
+def signature(fn, dtype, consts):
+    types = {"qw_ptr": "*fp32", "kw_ptr": "*fp32", "qpart_ptr": "*fp32", "kpart_ptr": "*fp32",
+             "cos_ptr": "*fp32", "sin_ptr": "*fp32", "inv_ptr": "*fp64", "pos_ptr": "*i64",
+             "eps": "fp32"}
+    return {n: "constexpr" if n in consts else "*" + dtype if n in POINTERS
+            else types.get(n, "i32") for n in fn.arg_names}
+
+for fn, extra, elements in (
+        (K.qk_norm_rope_fwd_kernel, {}, Q.MAX_BLOCK_ELEMENTS),
+        (K.qk_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS},
+         Q.MAX_BLOCK_ELEMENTS_BWD)):
+    for dtype, table, interleaved, tail in (("bf16", K.TABLE_HALF, False, False),
+                                            ("fp16", K.TABLE_COMPUTED, True, True),
+                                            ("fp32", K.TABLE_FULL, False, True)):
+        consts = dict(D=96 if tail else 128, HALF=24 if tail else 64,
+                      PAIR_BLOCK=32 if tail else 64, TAIL_BLOCK=64 if tail else 1,
+                      BLOCK_HQ=Q._block_heads(32, 96 if tail else 128, elements),
+                      BLOCK_HK=Q._block_heads(8, 96 if tail else 128, elements),
+                      INTERLEAVED=interleaved, TABLE=table,
+                      HAS_POS=tail, GEMMA=tail, HAS_TAIL=tail, **extra)
+        k = triton.compile(ASTSource(fn, signature(fn, dtype, consts), consts),
+                           target=GPUTarget("cuda", 90, 32))
+        ptxas = shutil.which("ptxas")
+        if ptxas:
+            with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+                f.write(k.asm["ptx"])
+                f.flush()
+                err = subprocess.run([ptxas, "-v", "-arch=sm_90a", f.name, "-o", "/dev/null"],
+                                     capture_output=True, text=True).stderr
+            spills = [line for line in err.splitlines() if "spill" in line]
+            if any(" 0 bytes spill stores" not in line for line in spills):
+                sys.exit(f"{fn.__name__} {dtype}: register spills: {spills}")
+        print("compiled", fn.__name__, dtype)
+"""
+
+
+def test_kernels_compile_for_sm90_without_spills():
+    """Both kernels, three variants each (dtypes, table forms, styles, tails, positions), compiled
+    to sm_90 PTX by Triton (and through ptxas, with no register spill, when it is on PATH): a
+    typing error the interpreter lets through fails here."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root
+    r = subprocess.run([sys.executable, "-c", _COMPILE_SM90], capture_output=True, text=True,
+                       cwd=root, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("compiled") == 6

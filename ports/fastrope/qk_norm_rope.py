@@ -80,9 +80,11 @@ from reference.vocabulary import (BSH_AXES, DIM_NAMES, INDEX_DTYPES, KERNEL_TORC
 NAMESPACE = "fastrope"
 MAX_HEAD_DIM = 1024        # one head row held in registers
 MAX_BLOCK_ELEMENTS = 2048  # forward: heads per program * head_dim (16 elements a thread at 4 warps)
-MAX_BLOCK_ELEMENTS_BWD = 1024  # backward holds x, dy and the partial sums: half the forward's
-LONG_RUN_TOKENS = 8        # backward tokens per program once there are enough programs anyway,
-LONG_RUN_MIN_TOKENS = 512  # that is from this many tokens (64 groups of 8)
+# The backward holds x, dy, the weight and the partial sums: a quarter of the forward's block
+# (at 1024 an fp32 head of 96 channels, padded to 128, spilled registers on sm_90).
+MAX_BLOCK_ELEMENTS_BWD = 512
+LONG_RUN_TOKENS = 16        # backward tokens per program once there are enough programs anyway,
+LONG_RUN_MIN_TOKENS = 1024  # that is from this many tokens (64 groups of 16)
 
 
 def _short(dtype: torch.dtype) -> str:
