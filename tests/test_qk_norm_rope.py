@@ -444,6 +444,9 @@ def test_bench_table_and_cli_without_gpu(capsys):
     assert lines[3] == "| s | forward | fused | 12.5 | 80% | 2.00 |"
     assert lines[4] == "| s | forward | rms_norm + fastrope | 25.0 | 40% | 1.00 |"
     assert "RuntimeError: boom" in lines[5]
+    assert bench._settings(["BACKWARD_WARPS=8"]) == {"BACKWARD_WARPS": 8}
+    assert bench.main(["--set", "WARPS=8"]) == 2
+    assert "--set takes NAME=INT" in capsys.readouterr().err
     if not torch.cuda.is_available():
         assert bench.main([]) == 2
         assert "needs a CUDA GPU" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """Times fused ``qk_norm_rope`` against the unfused pairs, forward and backward, on the GPU.
 
-    python -m ports.fastrope.qk_norm_rope_bench [--dtype bf16] [--rep-ms 100]
+    python -m ports.fastrope.qk_norm_rope_bench [--dtype bf16] [--rep-ms 100] [--shapes NAME..]
+                                                [--set BACKWARD_WARPS=8 ...]
 
 Rows, per shape and direction (every time the median of CUDA-graph replays, in us):
 
@@ -173,6 +174,23 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# Launch settings of ports.fastrope.qk_norm_rope that ``--set`` may override (module constants).
+TUNABLES = ("MAX_BLOCK_ELEMENTS", "MAX_BLOCK_ELEMENTS_BWD", "LONG_RUN_TOKENS",
+            "LONG_RUN_MIN_TOKENS", "FORWARD_WARPS", "BACKWARD_WARPS")
+
+
+def _settings(pairs: list[str]) -> dict[str, int]:
+    """``["NAME=INT", ...]`` as a dict, each name one of TUNABLES and each value a positive int."""
+    out = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name not in TUNABLES or not value.isdigit() or int(value) <= 0:
+            raise ValueError(f"--set takes NAME=INT with NAME in {TUNABLES} and INT > 0, got "
+                             f"{pair!r}")
+        out[name] = int(value)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     from reference.vocabulary import DTYPES
 
@@ -181,7 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--rep-ms", type=int, default=100, help="timing budget per row (ms)")
     p.add_argument("--shapes", nargs="*", help="shape names to run (default: all)")
+    p.add_argument("--set", nargs="*", default=[], metavar="NAME=INT",
+                   help=f"override launch settings of qk_norm_rope: {', '.join(TUNABLES)}")
     args = p.parse_args(argv)
+    try:
+        settings = _settings(args.set)
+    except ValueError as e:
+        print(f"qk_norm_rope_bench: {e}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("qk_norm_rope_bench: needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
@@ -190,10 +215,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qk_norm_rope_bench: no shape named {args.shapes}; known: "
               f"{[s.name for s in SHAPES]}", file=sys.stderr)
         return 2
+    from ports.fastrope import qk_norm_rope as module
+
+    for name, value in settings.items():
+        setattr(module, name, value)
     rows = []
     for shape in shapes:
         rows += measure(shape, DTYPES[args.dtype], args.rep_ms)
-    print(f"GPU: {torch.cuda.get_device_name()}, dtype {args.dtype}, CUDA-graph medians (us)\n")
+    print(f"GPU: {torch.cuda.get_device_name()}, dtype {args.dtype}, CUDA-graph medians (us), "
+          f"settings {settings or 'default'}\n")
     print(table(rows))
     return 0
 
