@@ -252,7 +252,10 @@ def _inv_freq(device: torch.device, rotary_dim: int, base: float) -> Tensor:
 
 
 def _block_heads(heads: int, head_dim: int, elements: int) -> int:
-    return max(1, min(triton.next_power_of_2(heads), elements // triton.next_power_of_2(head_dim)))
+    """Heads per program: a power of two (``tl.arange``), at most ``elements`` channels in all
+    (head_dim padded to a power of two), no more than the heads there are."""
+    fit = max(1, elements // triton.next_power_of_2(head_dim))
+    return min(triton.next_power_of_2(heads), 1 << (fit.bit_length() - 1))
 
 
 def _common(g: Geometry, q: Tensor, cos, sin, positions, base) -> tuple[list, dict]:
