@@ -342,6 +342,18 @@ def test_refusals_of_unsupported_combinations():
         qk_norm_rope(q, k, qw, kw, EPS, offsets=3)
 
 
+def test_empty_inputs():
+    """No tokens, or no k heads: outputs of the right shapes, zero weight gradients."""
+    dev = Case().device
+    for qs, ks in (((2, 0, 4, 16), (2, 0, 2, 16)), ((2, 3, 4, 16), (2, 3, 0, 16))):
+        q, k = torch.randn(qs, device=dev, requires_grad=True), torch.randn(ks, device=dev)
+        w = torch.randn(16, device=dev, requires_grad=True)
+        qo, ko = qk_norm_rope(q, k, w, w.detach(), EPS)
+        assert qo.shape == qs and ko.shape == ks
+        qo.sum().backward()
+        assert w.grad.shape == (16,) and (q.grad.shape == qs)
+
+
 def test_nan_poison_is_seen():
     """The harness can fail: a kernel that skipped the k launch would leave NaN, which _close
     rejects."""

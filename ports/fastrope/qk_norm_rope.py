@@ -255,7 +255,7 @@ def _block_heads(heads: int, head_dim: int, elements: int) -> int:
     """Heads per program: a power of two (``tl.arange``), at most ``elements`` channels in all
     (head_dim padded to a power of two), no more than the heads there are."""
     fit = max(1, elements // triton.next_power_of_2(head_dim))
-    return min(triton.next_power_of_2(heads), 1 << (fit.bit_length() - 1))
+    return max(1, min(triton.next_power_of_2(heads), 1 << (fit.bit_length() - 1)))
 
 
 def _common(g: Geometry, q: Tensor, cos, sin, positions, base) -> tuple[list, dict]:
@@ -299,7 +299,7 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
     else:
         qo, ko = _alloc.empty(q.shape, dtype=q.dtype, device=q.device), \
             _alloc.empty(k.shape, dtype=k.dtype, device=k.device)
-    if g.tokens == 0:
+    if g.tokens == 0 or g.q_heads + g.k_heads == 0:
         return qo, ko
     ptrs, kw = _common(g, q, cos, sin, positions, base)
     bq = _block_heads(g.q_heads, g.head_dim, MAX_BLOCK_ELEMENTS)
@@ -345,7 +345,7 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
     groups = triton.cdiv(g.tokens, tpp)
     qpart = _alloc.empty((groups * qb, g.head_dim), dtype=torch.float32, device=q.device)
     kpart = _alloc.empty((groups * kb, g.head_dim), dtype=torch.float32, device=q.device)
-    if g.tokens:
+    if g.tokens and qb + kb:
         if qb + kb > _triton.MAX_GRID_Y:
             raise ValueError(f"{qb + kb} head blocks exceed the grid's y limit")
         ptrs, kw = _common(g, q, cos, sin, positions, base)
