@@ -1,0 +1,528 @@
+"""``qk_norm_rope``: per-head RMSNorm of q and k, then RoPE, fused in one Triton launch, with a
+fused backward (dq, dk, dq_weight, dk_weight) in one more.
+
+Qwen3 and Gemma3 attention normalise each head of q and k with an RMSNorm of ``head_dim``
+weights right before the rotary embedding. Unfused, that is four passes over q and k (norm read
+and write, RoPE read and write); fused, two: read once, write once. Forward and backward both
+keep the math in fp32 and round once, at the store (the kernels: :mod:`.qk_norm_rope_kernels`).
+
+API::
+
+    qk_norm_rope(q, k, q_weight, k_weight, eps, *, cos=None, sin=None, positions=None,
+                 style="rotate_half", layout="bshd", rotary_dim=None, base=10000.0,
+                 gemma=False, check_positions=True) -> (q_out, k_out)
+    qk_norm_rope_inplace(q, k, q_weight, k_weight, eps, **same) -> (q, k)
+
+Support matrix
+--------------
+============== ===========================================================================
+dtypes         q, k: float32, float16, bfloat16 (the same); weights: any of the three
+               (their own dtype; dweight comes back in it); cos/sin: any of the three
+layouts        bshd, sbhd, bhsd: any strides; thd ``[t, h, d]`` with ``positions`` only
+heads          k may have fewer heads than q (GQA, MQA); head_dim <= 1024
+styles         rotate_half (pairs ``(i, i + R/2)``), interleaved (``(2i, 2i + 1)``)
+rotary_dim     even, <= head_dim; channels R..D-1 are normalised, not rotated
+angles         cos/sin ``[L, R]`` (each member's own value; the two may differ) or
+               ``[L, R/2]``; or none: ``pos * base^(-2j/R)`` and cos/sin in fp64 in the kernel
+positions      None (token i of each sequence at i) or int32/int64 ids ``[b, s]``/``[s]``
+               (thd: ``[t]``)
+norm           ``x * rsqrt(mean(x^2) + eps) * w``; ``gemma=True``: ``* (1 + w)``
+autograd       dq, dk, dq_weight, dk_weight; weight gradients deterministic (see below)
+torch          custom ops ``torch.ops.fastrope.qk_norm_rope`` (+ ``_backward``) and
+               ``qk_norm_rope_``, fake implementations, ``torch.compile(fullgraph=True)``
+============== ===========================================================================
+
+Refused with an exception, before any launch: per-sequence ``offsets`` and thd's
+``cu_seqlens`` (not taken: pass per-token ``positions``); thd without positions
+(``NotImplementedError``); ``qk_norm_rope_inplace`` while a gradient is recorded (its backward
+needs the input it overwrites: ``NotImplementedError``); q and k sharing memory in place.
+
+Precision, and how it differs from transformers
+-----------------------------------------------
+Everything between the load and the store is fp32: ``sum(x^2)``, ``rstd``, ``x * rstd * w``
+and the rotation; the output is rounded once. transformers rounds more often:
+
+* Qwen3RMSNorm (and Llama's): ``x.float() * rsqrt(...)``, rounded to the input dtype, *then*
+  times the weight (in the weight's dtype: a second rounding in bf16 models), then RoPE in the
+  input dtype with cos/sin rounded to it (three more roundings);
+* Gemma3RMSNorm and Olmo2RMSNorm: ``(x_hat * w).to(dtype)``, one rounding, then RoPE's three.
+
+So in fp16/bf16 this kernel's outputs are closer to the float64 oracle than transformers' own,
+and differ from them by up to a few output ulps; in fp32 the two agree to a few fp32 ulps.
+OLMo2 normalises q over all heads at once (a ``num_heads * head_dim`` weight), which this
+per-head kernel does not compute.
+
+Deterministic weight gradients
+------------------------------
+Each backward program sums ``dz * x_hat`` over its heads and ``TOKENS_PER_PROGRAM`` tokens in
+registers and writes one fp32 row of a ``[programs, head_dim]`` buffer; ``torch.sum`` over the
+rows (a fixed-order reduction) gives dweight. Cost: the buffer's write and read,
+``2 * 4 * head_dim`` bytes per program, against the ``3 * heads * head_dim * itemsize`` bytes
+the program moves for dx: about ``8 / (3 * heads_per_block * tokens_per_program * itemsize)``
+extra (2% at head_dim 128 in bf16: 4 heads and 16 tokens a program), plus one small reduction
+launch. Below ``LONG_RUN_MIN_TOKENS`` tokens a program takes one token (parallelism first).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+from torch import Tensor
+
+from ports import _alloc, _triton
+from ports.fastrope import qk_norm_rope_kernels as K
+from reference import tables
+from reference.vocabulary import (BSH_AXES, DIM_NAMES, INDEX_DTYPES, KERNEL_TORCH_DTYPES,
+                                  LAYOUTS, STYLES)
+
+NAMESPACE = "fastrope"
+MAX_HEAD_DIM = 1024        # one head row held in registers
+MAX_BLOCK_ELEMENTS = 2048  # forward: heads per program * head_dim (16 elements a thread at 4 warps)
+# The backward holds x, dy, the weight and the partial sums: a quarter of the forward's block
+# (at 1024 an fp32 head of 96 channels, padded to 128, spilled registers on sm_90).
+MAX_BLOCK_ELEMENTS_BWD = 512
+LONG_RUN_TOKENS = 16        # backward tokens per program once there are enough programs anyway,
+LONG_RUN_MIN_TOKENS = 1024  # that is from this many tokens (64 groups of 16)
+# Warps per program. These four settings are first guesses, not yet measured on a GPU:
+# ptxas gives the forward 64-96 registers and the backward 126, with no spill, on sm_90.
+FORWARD_WARPS = 4
+BACKWARD_WARPS = 4
+
+
+def _short(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """One validated call: sizes, how the angles come, and the launch's constexprs."""
+
+    batch: int
+    seqlen: int
+    q_heads: int
+    k_heads: int
+    head_dim: int
+    rotary_dim: int
+    table: int            # K.TABLE_*
+    table_rows: int
+    interleaved: bool
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seqlen
+
+
+def _geometry(x: Tensor, layout: str) -> tuple[int, int, int, int]:
+    if layout == "thd":
+        return 1, x.shape[0], x.shape[1], x.shape[2]
+    b, s, h = BSH_AXES[layout]
+    return x.shape[b], x.shape[s], x.shape[h], x.shape[3]
+
+
+def _strides(x: Tensor, layout: str) -> tuple[int, int, int, int]:
+    """x's (batch, sequence, head, channel) strides in ``layout`` (thd: batch stride 0)."""
+    st = x.stride()
+    if layout == "thd":
+        return 0, st[0], st[1], st[2]
+    b, s, h = BSH_AXES[layout]
+    return st[b], st[s], st[h], st[3]
+
+
+def _check_x(x, name: str, layout: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in KERNEL_TORCH_DTYPES:
+        raise TypeError(f"{name} has dtype {_short(x.dtype)}; qk_norm_rope supports float32, "
+                        "float16 and bfloat16")
+    rank = 3 if layout == "thd" else 4
+    if x.dim() != rank:
+        raise ValueError(f"{name} must be {rank}-D [{DIM_NAMES[layout]}] for layout {layout!r}, "
+                         f"got shape {tuple(x.shape)}")
+
+
+def _check_weight(w, name: str, head_dim: int, device) -> None:
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
+    if w.dtype not in KERNEL_TORCH_DTYPES:
+        raise TypeError(f"{name} has dtype {_short(w.dtype)}; weights must be float32, float16 "
+                        "or bfloat16")
+    if tuple(w.shape) != (head_dim,):
+        raise ValueError(f"{name} must be [head_dim = {head_dim}] (one weight per channel, "
+                         f"shared by every head), got {tuple(w.shape)}")
+    if w.device != device:
+        raise ValueError(f"{name} is on {w.device} but q is on {device}")
+
+
+def validate(*, q, k, q_weight, k_weight, eps, cos, sin, positions, style, layout, rotary_dim,
+             base) -> Geometry:
+    """Every check that needs no tensor contents; raises before any launch."""
+    if style not in STYLES:
+        raise ValueError(f"unknown style {style!r}; expected one of {STYLES}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
+    _check_x(q, "q", layout)
+    _check_x(k, "k", layout)
+    if k.dtype != q.dtype:
+        raise TypeError(f"k has dtype {_short(k.dtype)} but q has {_short(q.dtype)}")
+    _triton.check_device(("q", q), ("k", k))
+    batch, seqlen, hq, d = _geometry(q, layout)
+    kb, ks, hk, kd = _geometry(k, layout)
+    if (kb, ks, kd) != (batch, seqlen, d):
+        raise ValueError(f"k {tuple(k.shape)} and q {tuple(q.shape)} must match in every "
+                         f"dimension but heads (layout {layout})")
+    if d > MAX_HEAD_DIM:
+        raise NotImplementedError(f"head_dim {d} exceeds {MAX_HEAD_DIM} (a head row is held "
+                                  "in registers)")
+    _check_weight(q_weight, "q_weight", d, q.device)
+    _check_weight(k_weight, "k_weight", d, q.device)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0 <= eps < math.inf):
+        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
+    rot = d if rotary_dim is None else rotary_dim
+    if isinstance(rot, bool) or not isinstance(rot, int) or rot <= 0 or rot % 2 or rot > d:
+        raise ValueError(f"rotary_dim must be even and in (0, head_dim={d}], got {rotary_dim!r}")
+    if layout == "thd" and positions is None:
+        raise NotImplementedError("layout 'thd' needs per-token positions [t] (cu_seqlens is "
+                                  "not taken by qk_norm_rope)")
+    if positions is not None:
+        if not isinstance(positions, torch.Tensor):
+            raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
+        if positions.dtype not in INDEX_DTYPES:
+            raise TypeError(f"positions must be int32 or int64, got {_short(positions.dtype)}")
+        shapes = [(seqlen,)] if layout == "thd" else [(batch, seqlen), (seqlen,)]
+        if tuple(positions.shape) not in shapes:
+            raise ValueError(f"positions must have shape {' or '.join(map(str, shapes))}, got "
+                             f"{tuple(positions.shape)}")
+        if positions.device != q.device:
+            raise ValueError(f"positions is on {positions.device} but q is on {q.device}")
+    if (cos is None) != (sin is None):
+        raise ValueError("pass both cos and sin, or neither (angles computed from base)")
+    table, rows = K.TABLE_COMPUTED, 0
+    if cos is not None:
+        for name, t in (("cos", cos), ("sin", sin)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dtype not in KERNEL_TORCH_DTYPES:
+                raise TypeError(f"{name} has dtype {_short(t.dtype)}; cos/sin must be float32 "
+                                "(recommended), float16 or bfloat16")
+            if t.dim() != 2 or t.shape[1] not in (rot, rot // 2) or t.shape[0] == 0:
+                raise ValueError(f"{name} must be [max_position, rotary_dim={rot}] (or "
+                                 f"[max_position, {rot // 2}], one angle per pair), got "
+                                 f"{tuple(t.shape)}")
+            if t.device != q.device:
+                raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+        if cos.shape != sin.shape or cos.stride() != sin.stride():
+            raise ValueError(f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must have the "
+                             "same shape and strides")
+        table = K.TABLE_HALF if cos.shape[1] == rot // 2 else K.TABLE_FULL
+        rows = cos.shape[0]
+    elif isinstance(base, bool) or not isinstance(base, (int, float)) or not base > 0:
+        raise ValueError(f"base must be a positive number, got {base!r}")
+    return Geometry(batch=batch, seqlen=seqlen, q_heads=hq, k_heads=hk, head_dim=d,
+                    rotary_dim=rot, table=table, table_rows=rows,
+                    interleaved=style == "interleaved")
+
+
+def check_positions_in_table(g: Geometry, positions: Tensor | None) -> None:
+    """Every position indexes a table row (ids cost one device sync; skipped during a CUDA-graph
+    capture, which allows none: the kernel clamps rows, so a bad id is wrong, never a fault)."""
+    if g.table == K.TABLE_COMPUTED:
+        return
+    if positions is None:
+        if g.seqlen > g.table_rows:
+            raise IndexError(f"positions reach {g.seqlen - 1} but cos/sin have {g.table_rows} "
+                             "rows: every position must index a row")
+        return
+    if not positions.numel():
+        return
+    if positions.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    lo, hi = (int(v) for v in torch.stack([positions.min(), positions.max()]).tolist())
+    if lo < 0 or hi >= g.table_rows:
+        raise IndexError(f"positions reach [{lo}, {hi}] but cos/sin have {g.table_rows} rows: "
+                         "every position must index a row")
+
+
+@functools.lru_cache(maxsize=64)
+def _inv_freq(device: torch.device, rotary_dim: int, base: float) -> Tensor:
+    """``base ** (-2j / R)`` in float64 (the oracle's own builder), cached per device."""
+    return tables.inv_freq(rotary_dim, base, device=device)
+
+
+def _block_heads(heads: int, head_dim: int, elements: int) -> int:
+    """Heads per program: a power of two (``tl.arange``), at most ``elements`` channels in all
+    (head_dim padded to a power of two), no more than the heads there are."""
+    fit = max(1, elements // triton.next_power_of_2(head_dim))
+    return max(1, min(triton.next_power_of_2(heads), 1 << (fit.bit_length() - 1)))
+
+
+def _common(g: Geometry, q: Tensor, cos, sin, positions, base) -> tuple[list, dict]:
+    """The launch arguments both kernels share: (pointer args, scalar/constexpr kwargs)."""
+    half = g.rotary_dim // 2
+    tail = g.head_dim - g.rotary_dim
+    dummy = q  # an unused pointer argument (never dereferenced)
+    if g.table == K.TABLE_COMPUTED:
+        inv, cos_t, sin_t, tsr, tsc = _inv_freq(q.device, g.rotary_dim, float(base)), dummy, \
+            dummy, 0, 0
+    else:
+        inv, cos_t, sin_t, tsr, tsc = dummy, cos, sin, cos.stride(0), cos.stride(1)
+    if positions is None:
+        pos, psb, pss = dummy, 0, 0
+    elif positions.dim() == 1:
+        pos, psb, pss = positions, 0, positions.stride(0)
+    else:
+        pos, psb, pss = positions, positions.stride(0), positions.stride(1)
+    ptrs = [cos_t, sin_t, inv, pos]
+    scalars = dict(tsr=tsr, tsc=tsc, psb=psb, pss=pss, D=g.head_dim, HALF=half,
+                   PAIR_BLOCK=triton.next_power_of_2(half),
+                   TAIL_BLOCK=triton.next_power_of_2(tail) if tail else 1,
+                   INTERLEAVED=g.interleaved, TABLE=g.table, HAS_POS=positions is not None,
+                   HAS_TAIL=tail > 0)
+    return ptrs, scalars
+
+
+def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float, *, cos, sin,
+            positions, style, layout, rotary_dim, base, gemma, check_positions,
+            in_place: bool) -> tuple[Tensor, Tensor]:
+    """Validate, then one launch: new contiguous outputs, or q and k overwritten."""
+    g = validate(q=q, k=k, q_weight=q_weight, k_weight=k_weight, eps=eps, cos=cos, sin=sin,
+                 positions=positions, style=style, layout=layout, rotary_dim=rotary_dim,
+                 base=base)
+    if in_place and q.numel() and q.data_ptr() == k.data_ptr():
+        raise ValueError("q and k are the same memory; in place they must be distinct tensors")
+    if check_positions:
+        check_positions_in_table(g, positions)
+    if in_place:
+        qo, ko = q, k
+    else:
+        qo, ko = _alloc.empty(q.shape, dtype=q.dtype, device=q.device), \
+            _alloc.empty(k.shape, dtype=k.dtype, device=k.device)
+    if g.tokens == 0 or g.q_heads + g.k_heads == 0:
+        return qo, ko
+    ptrs, kw = _common(g, q, cos, sin, positions, base)
+    bq = _block_heads(g.q_heads, g.head_dim, MAX_BLOCK_ELEMENTS)
+    bk = _block_heads(g.k_heads, g.head_dim, MAX_BLOCK_ELEMENTS)
+    qb, kb = triton.cdiv(g.q_heads, bq), triton.cdiv(g.k_heads, bk)
+    if qb + kb > _triton.MAX_GRID_Y:
+        raise ValueError(f"{qb + kb} head blocks exceed the grid's y limit")
+    with _triton.device_guard(q.device):
+        K.qk_norm_rope_fwd_kernel[(g.tokens, qb + kb)](
+            q, k, qo, ko, q_weight, k_weight, *ptrs,
+            g.seqlen, g.q_heads, g.k_heads, qb, max(g.table_rows, 1), float(eps),
+            *_strides(q, layout), *_strides(k, layout), *_strides(qo, layout),
+            *_strides(ko, layout), q_weight.stride(0), k_weight.stride(0),
+            BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, num_warps=FORWARD_WARPS, **kw)
+    return qo, ko
+
+
+def _dense(g: Tensor | None, like: Tensor) -> Tensor:
+    """A gradient autograd left undefined is zeros (any strides are taken, zero ones included)."""
+    return torch.zeros_like(like) if g is None else g
+
+
+def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Tensor,
+             k_weight: Tensor, eps: float, *, cos, sin, positions, style, layout, rotary_dim,
+             base, gemma) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dq_weight, dk_weight): one launch, then a fixed-order sum of the partial rows."""
+    g = validate(q=q, k=k, q_weight=q_weight, k_weight=k_weight, eps=eps, cos=cos, sin=sin,
+                 positions=positions, style=style, layout=layout, rotary_dim=rotary_dim,
+                 base=base)
+    dq_out, dk_out = _dense(dq_out, q), _dense(dk_out, k)
+    for name, grad, x in (("dq_out", dq_out, q), ("dk_out", dk_out, k)):
+        if grad.shape != x.shape or grad.dtype != x.dtype or grad.device != x.device:
+            raise ValueError(f"{name} {tuple(grad.shape)} {_short(grad.dtype)} must match its "
+                             f"input {tuple(x.shape)} {_short(x.dtype)}")
+    dq = _alloc.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = _alloc.empty(k.shape, dtype=k.dtype, device=k.device)
+    bq = _block_heads(g.q_heads, g.head_dim, MAX_BLOCK_ELEMENTS_BWD)
+    bk = _block_heads(g.k_heads, g.head_dim, MAX_BLOCK_ELEMENTS_BWD)
+    qb, kb = triton.cdiv(g.q_heads, bq), triton.cdiv(g.k_heads, bk)
+    # Several tokens per program once the grid has plenty of programs without them: fewer
+    # partial rows (the deterministic reduction's cost), same parallelism.
+    tpp = LONG_RUN_TOKENS if g.tokens >= LONG_RUN_MIN_TOKENS else 1
+    groups = triton.cdiv(g.tokens, tpp)
+    qpart = _alloc.empty((groups * qb, g.head_dim), dtype=torch.float32, device=q.device)
+    kpart = _alloc.empty((groups * kb, g.head_dim), dtype=torch.float32, device=q.device)
+    if g.tokens and qb + kb:
+        if qb + kb > _triton.MAX_GRID_Y:
+            raise ValueError(f"{qb + kb} head blocks exceed the grid's y limit")
+        ptrs, kw = _common(g, q, cos, sin, positions, base)
+        with _triton.device_guard(q.device):
+            K.qk_norm_rope_bwd_kernel[(groups, qb + kb)](
+                q, k, dq_out, dk_out, dq, dk, q_weight, k_weight, qpart, kpart, *ptrs,
+                g.tokens, g.seqlen, g.q_heads, g.k_heads, qb, kb, max(g.table_rows, 1),
+                float(eps), *_strides(q, layout), *_strides(k, layout),
+                *_strides(dq_out, layout), *_strides(dk_out, layout), *_strides(dq, layout),
+                *_strides(dk, layout), q_weight.stride(0), k_weight.stride(0),
+                BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, TOKENS_PER_PROGRAM=tpp,
+                num_warps=BACKWARD_WARPS, **kw)
+    dqw = qpart.sum(0).to(q_weight.dtype)
+    dkw = kpart.sum(0).to(k_weight.dtype)
+    return dq, dk, dqw, dkw
+
+
+# ---- custom ops ----------------------------------------------------------------------------------
+@torch.library.custom_op(f"{NAMESPACE}::qk_norm_rope", mutates_args=())
+def qk_norm_rope_op(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float,
+                    cos: Tensor | None, sin: Tensor | None, positions: Tensor | None, style: str,
+                    layout: str, rotary_dim: int | None, base: float, gemma: bool,
+                    check_positions: bool) -> tuple[Tensor, Tensor]:
+    """New contiguous (q_out, k_out)."""
+    return forward(q, k, q_weight, k_weight, eps, cos=cos, sin=sin, positions=positions,
+                   style=style, layout=layout, rotary_dim=rotary_dim, base=base, gemma=gemma,
+                   check_positions=check_positions, in_place=False)
+
+
+def _contiguous_like(x: Tensor) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@qk_norm_rope_op.register_fake
+def _qk_norm_rope_fake(q, k, q_weight, k_weight, eps, cos, sin, positions, style, layout,
+                       rotary_dim, base, gemma, check_positions):
+    return _contiguous_like(q), _contiguous_like(k)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::qk_norm_rope_backward", mutates_args=())
+def qk_norm_rope_backward_op(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor,
+                             q_weight: Tensor, k_weight: Tensor, eps: float, cos: Tensor | None,
+                             sin: Tensor | None, positions: Tensor | None, style: str,
+                             layout: str, rotary_dim: int | None, base: float, gemma: bool
+                             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(dq, dk, dq_weight, dk_weight); dq and dk contiguous."""
+    return backward(dq_out, dk_out, q, k, q_weight, k_weight, eps, cos=cos, sin=sin,
+                    positions=positions, style=style, layout=layout, rotary_dim=rotary_dim,
+                    base=base, gemma=gemma)
+
+
+@qk_norm_rope_backward_op.register_fake
+def _qk_norm_rope_backward_fake(dq_out, dk_out, q, k, q_weight, k_weight, eps, cos, sin,
+                                positions, style, layout, rotary_dim, base, gemma):
+    return (_contiguous_like(q), _contiguous_like(k), _contiguous_like(q_weight),
+            _contiguous_like(k_weight))
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, q_weight, k_weight, eps, cos, sin, positions, style, layout, rotary_dim, base,
+     gemma, _) = inputs
+    ctx.save_for_backward(q, k, q_weight, k_weight, cos, sin, positions)
+    ctx.scalars = (eps, style, layout, rotary_dim, base, gemma)
+
+
+def _backward(ctx, dq_out, dk_out):
+    q, k, q_weight, k_weight, cos, sin, positions = ctx.saved_tensors
+    eps, style, layout, rotary_dim, base, gemma = ctx.scalars
+    dq, dk, dqw, dkw = qk_norm_rope_backward_op(
+        _dense(dq_out, q), _dense(dk_out, k), q, k, q_weight, k_weight, eps, cos, sin,
+        positions, style, layout, rotary_dim, base, gemma)
+    return (dq, dk, dqw, dkw) + (None,) * 10
+
+
+qk_norm_rope_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::qk_norm_rope_", mutates_args=("q", "k"))
+def qk_norm_rope_inplace_op(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor,
+                            eps: float, cos: Tensor | None, sin: Tensor | None,
+                            positions: Tensor | None, style: str, layout: str,
+                            rotary_dim: int | None, base: float, gemma: bool,
+                            check_positions: bool) -> None:
+    """q and k overwritten by their outputs."""
+    forward(q, k, q_weight, k_weight, eps, cos=cos, sin=sin, positions=positions, style=style,
+            layout=layout, rotary_dim=rotary_dim, base=base, gemma=gemma,
+            check_positions=check_positions, in_place=True)
+
+
+@qk_norm_rope_inplace_op.register_fake
+def _qk_norm_rope_inplace_fake(q, k, q_weight, k_weight, eps, cos, sin, positions, style, layout,
+                               rotary_dim, base, gemma, check_positions):
+    return None
+
+
+# ---- public functions ----------------------------------------------------------------------------
+def _op_args(q, k, q_weight, k_weight, eps, cos, sin, positions, style, layout, rotary_dim,
+             base, gemma, check_positions) -> tuple:
+    """The ops' arguments, with the Python types their schema needs checked here (a wrong type
+    would otherwise surface as a schema error)."""
+    for name, v in (("eps", eps), ("base", base)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+    for name, v in (("gemma", gemma), ("check_positions", check_positions)):
+        if not isinstance(v, bool):
+            raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
+    if not isinstance(style, str) or not isinstance(layout, str):
+        raise TypeError("style and layout must be strings")
+    return (q, k, q_weight, k_weight, float(eps), cos, sin, positions, style, layout,
+            rotary_dim, float(base), gemma, check_positions)
+
+
+def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float, *,
+                 cos: Tensor | None = None, sin: Tensor | None = None,
+                 positions: Tensor | None = None, style: str = "rotate_half",
+                 layout: str = "bshd", rotary_dim: int | None = None, base: float = 10000.0,
+                 gemma: bool = False, check_positions: bool = True) -> tuple[Tensor, Tensor]:
+    """RMSNorm each head of q and k (weights of head_dim elements), then rotate them by RoPE.
+
+    Parameters
+    ----------
+    q, k
+        ``[b, s, h, d]`` (bshd), ``[s, b, h, d]`` (sbhd), ``[b, h, s, d]`` (bhsd) or packed
+        ``[t, h, d]`` (thd, with ``positions``); float32/float16/bfloat16, the same for both;
+        any strides. k may have fewer heads (GQA/MQA).
+    q_weight, k_weight
+        ``[d]``, float32/float16/bfloat16: the RMSNorm weights (``q_norm.weight``,
+        ``k_norm.weight``).
+    eps
+        The RMSNorm epsilon (``rms_norm_eps``), >= 0.
+    cos, sin
+        ``[L, rotary_dim]`` in the style's natural layout, or ``[L, rotary_dim / 2]``; row =
+        position. Omit both to compute the angles in fp64 in the kernel from ``base``.
+    positions
+        int32/int64 ids ``[b, s]`` or ``[s]`` (thd: ``[t]``); None: token i at position i.
+    style
+        ``rotate_half`` (NeoX/HF) or ``interleaved`` (GPT-J).
+    rotary_dim
+        Rotated channels R (even, <= d); the rest are normalised only.
+    gemma
+        Gemma's RMSNorm: ``x_hat * (1 + w)``.
+    check_positions
+        Check that every position indexes a table row (ids cost one device sync; skipped
+        during a CUDA-graph capture).
+
+    Returns
+    -------
+    (q_out, k_out): new contiguous tensors, q's and k's shape and dtype. Differentiable in q,
+    k and both weights; the weight gradients are deterministic.
+
+    Example
+    -------
+    >>> q_out, k_out = qk_norm_rope(q, k, attn.q_norm.weight, attn.k_norm.weight, 1e-6,
+    ...                             cos=cos, sin=sin, layout="bshd")  # doctest: +SKIP
+    """
+    args = _op_args(q, k, q_weight, k_weight, eps, cos, sin, positions, style, layout,
+                    rotary_dim, base, gemma, check_positions)
+    qo, ko = torch.ops.fastrope.qk_norm_rope(*args)
+    return qo, ko
+
+
+def qk_norm_rope_inplace(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float,
+                         *, cos: Tensor | None = None, sin: Tensor | None = None,
+                         positions: Tensor | None = None, style: str = "rotate_half",
+                         layout: str = "bshd", rotary_dim: int | None = None,
+                         base: float = 10000.0, gemma: bool = False,
+                         check_positions: bool = True) -> tuple[Tensor, Tensor]:
+    """As :func:`qk_norm_rope`, overwriting q and k; returns them. Inference only: refused while
+    a gradient is recorded (the backward needs the inputs this overwrites)."""
+    args = _op_args(q, k, q_weight, k_weight, eps, cos, sin, positions, style, layout,
+                    rotary_dim, base, gemma, check_positions)
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in (q, k, q_weight, k_weight)):
+        raise NotImplementedError("qk_norm_rope_inplace overwrites the inputs its backward "
+                                  "needs: use qk_norm_rope when a gradient is recorded")
+    torch.ops.fastrope.qk_norm_rope_(*args)
+    return q, k
+
+
+__all__ = ["qk_norm_rope", "qk_norm_rope_inplace", "validate", "forward", "backward"]

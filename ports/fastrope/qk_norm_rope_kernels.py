@@ -1,0 +1,285 @@
+"""Triton kernels of fused per-head RMSNorm then RoPE (:mod:`ports.fastrope.qk_norm_rope`).
+
+Forward, one program per (token, block of heads), q's head blocks then k's on the grid's second
+axis (one launch for both):
+
+1. the token's position (given ids, or its index in the sequence) and its cos/sin: a table row
+   (``[L, R]``: each pair member's own value; ``[L, R/2]``: one value per pair, clamped to the
+   table) or, with no tables, ``pos * inv_freq`` and cos/sin in fp64, rounded to fp32;
+2. each head row loaded once, as three pieces held in registers: the pairs' first members
+   (rotate-half: channels ``j``; interleaved: ``2j``), their partners (``j + R/2``; ``2j + 1``)
+   and the tail ``R..D-1`` that RoPE leaves alone;
+3. ``sum(x^2)`` in fp32 over the D channels, ``rstd = rsqrt(sum / D + eps)``;
+4. ``z = x * rstd * w`` (Gemma: ``1 + w``), fp32;
+5. ``y1 = z1 c1 - z2 s1``, ``y2 = z2 c2 + z1 s2`` (the float64 oracle's ``x c + rot(x) s``), tail
+   ``y = z``; one rounding to the output dtype at the store.
+
+Backward, one program per (TOKENS_PER_PROGRAM tokens, block of heads), recomputing rstd from
+the saved input (it has to read x anyway for x_hat, so saving rstd in the forward would only add
+a write). With ``x_hat = x * rstd`` and ``W = w`` (or ``1 + w``):
+
+* ``dz = R(-theta) dy``, the rotation's transpose: ``dz1 = dy1 c1 + dy2 s2``,
+  ``dz2 = dy2 c2 - dy1 s1`` (exact for tables whose two members differ); tail ``dz = dy``;
+* ``dweight += dz * x_hat``, summed over the program's heads and tokens in registers and written
+  as one fp32 row of a ``[programs, D]`` buffer, which the host sums over its first axis: a fixed
+  order, so the weight gradients are deterministic, run to run;
+* ``dx_hat = dz * W``; ``dx = rstd * (dx_hat - x_hat * mean(dx_hat * x_hat))``.
+
+Index width: token ids and head ids are int64 before any pointer arithmetic. Lanes past the
+head count or the pair count are masked; their ``x_hat`` is forced to 0 so that a zero row with
+``eps = 0`` cannot spill NaN into the weight-gradient sums.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# How the kernels get each token's cos/sin (the TABLE constexpr).
+TABLE_COMPUTED = 0  # pos * inv_freq and cos/sin in fp64
+TABLE_FULL = 1      # [L, R]: each member's own value
+TABLE_HALF = 2      # [L, R/2]: one value per pair
+
+
+@triton.jit
+def _members(HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """Channel offsets [1, PAIR_BLOCK] of each pair's first and second member, and the pair ids."""
+    j = tl.arange(0, PAIR_BLOCK)[None, :]
+    if INTERLEAVED:
+        o1 = 2 * j
+        o2 = 2 * j + 1
+    else:
+        o1 = j
+        o2 = j + HALF
+    return j, o1, o2
+
+
+@triton.jit
+def _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
+            HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr,
+            TABLE: tl.constexpr, HAS_POS: tl.constexpr):
+    """(c1, s1, c2, s2): the token's cos/sin for the pairs' first and second members, fp32
+    [1, PAIR_BLOCK]."""
+    j, o1, o2 = _members(HALF, PAIR_BLOCK, INTERLEAVED)
+    pm = (j < HALF) & valid
+    if HAS_POS:
+        pos = tl.load(pos_ptr + b * psb + s * pss, mask=valid, other=0).to(tl.int64)
+    else:
+        pos = s
+    if TABLE == 0:
+        inv = tl.load(inv_ptr + j, mask=pm, other=0.0).to(tl.float64)
+        ang = pos.to(tl.float64) * inv
+        c1 = tl.cos(ang).to(tl.float32)
+        s1 = tl.sin(ang).to(tl.float32)
+        c2 = c1
+        s2 = s1
+    else:
+        row = tl.minimum(tl.maximum(pos, 0), rows - 1) * tsr  # a bad id is wrong, not a fault
+        if TABLE == 2:
+            c1 = tl.load(cos_ptr + row + j * tsc, mask=pm, other=0.0).to(tl.float32)
+            s1 = tl.load(sin_ptr + row + j * tsc, mask=pm, other=0.0).to(tl.float32)
+            c2 = c1
+            s2 = s1
+        else:
+            c1 = tl.load(cos_ptr + row + o1 * tsc, mask=pm, other=0.0).to(tl.float32)
+            s1 = tl.load(sin_ptr + row + o1 * tsc, mask=pm, other=0.0).to(tl.float32)
+            c2 = tl.load(cos_ptr + row + o2 * tsc, mask=pm, other=0.0).to(tl.float32)
+            s2 = tl.load(sin_ptr + row + o2 * tsc, mask=pm, other=0.0).to(tl.float32)
+    return c1, s1, c2, s2
+
+
+@triton.jit
+def _weights(w_ptr, sw, D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
+             TAIL_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr, GEMMA: tl.constexpr):
+    """The weight's three pieces (first members, partners, tail), fp32, ``1 + w`` for Gemma."""
+    j, o1, o2 = _members(HALF, PAIR_BLOCK, INTERLEAVED)
+    pm = j < HALF
+    t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
+    w1 = tl.load(w_ptr + o1 * sw, mask=pm, other=0.0).to(tl.float32)
+    w2 = tl.load(w_ptr + o2 * sw, mask=pm, other=0.0).to(tl.float32)
+    wt = tl.load(w_ptr + t * sw, mask=t < D, other=0.0).to(tl.float32)
+    if GEMMA:
+        w1 = w1 + 1.0
+        w2 = w2 + 1.0
+        wt = wt + 1.0
+    return w1, w2, wt
+
+
+@triton.jit
+def _load_rows(row_ptr, sd, hm, D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
+               TAIL_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """A block of head rows [BLOCK_H, *] as fp32 (first members, partners, tail); masked lanes 0."""
+    j, o1, o2 = _members(HALF, PAIR_BLOCK, INTERLEAVED)
+    pm = hm & (j < HALF)
+    x1 = tl.load(row_ptr + o1 * sd, mask=pm, other=0.0).to(tl.float32)
+    x2 = tl.load(row_ptr + o2 * sd, mask=pm, other=0.0).to(tl.float32)
+    if HAS_TAIL:
+        t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
+        xt = tl.load(row_ptr + t * sd, mask=hm & (t < D), other=0.0).to(tl.float32)
+    else:
+        xt = tl.zeros([1, TAIL_BLOCK], dtype=tl.float32)
+    return x1, x2, xt
+
+
+@triton.jit
+def _store_rows(row_ptr, sd, hm, y1, y2, yt, D: tl.constexpr, HALF: tl.constexpr,
+                PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr,
+                HAS_TAIL: tl.constexpr):
+    j, o1, o2 = _members(HALF, PAIR_BLOCK, INTERLEAVED)
+    pm = hm & (j < HALF)
+    ty = row_ptr.dtype.element_ty
+    tl.store(row_ptr + o1 * sd, y1.to(ty), mask=pm)
+    tl.store(row_ptr + o2 * sd, y2.to(ty), mask=pm)
+    if HAS_TAIL:
+        t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
+        tl.store(row_ptr + t * sd, yt.to(ty), mask=hm & (t < D))
+
+
+@triton.jit
+def _rstd(x1, x2, xt, eps, D: tl.constexpr):
+    """[BLOCK_H, 1]: ``rsqrt(mean(x^2) + eps)`` per head row, fp32."""
+    ss = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1) + tl.sum(xt * xt, axis=1)
+    return tl.rsqrt(ss / D + eps)[:, None]
+
+
+@triton.jit
+def _forward_heads(x_ptr, o_ptr, w_ptr, b, s, h0, n_heads, c1, s1, c2, s2, eps,
+                   sxb, sxs, sxh, sxd, sob, sos, soh, sod, sw,
+                   D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
+                   TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
+                   GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """Norm then rotate heads h0 .. h0 + BLOCK_H - 1 of one token."""
+    h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
+    hm = h < n_heads
+    x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF, PAIR_BLOCK,
+                            TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+    w1, w2, wt = _weights(w_ptr, sw, D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, GEMMA)
+    rstd = _rstd(x1, x2, xt, eps, D)
+    z1 = x1 * rstd * w1
+    z2 = x2 * rstd * w2
+    zt = xt * rstd * wt
+    y1 = z1 * c1 - z2 * s1
+    y2 = z2 * c2 + z1 * s2
+    _store_rows(o_ptr + b * sob + s * sos + h * soh, sod, hm, y1, y2, zt, D, HALF, PAIR_BLOCK,
+                TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+
+
+@triton.jit
+def qk_norm_rope_fwd_kernel(
+        q_ptr, k_ptr, qo_ptr, ko_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, inv_ptr, pos_ptr,
+        S, HQ, HK, Q_BLOCKS, rows, eps,
+        sqb, sqs, sqh, sqd, skb, sks, skh, skd,
+        sqob, sqos, sqoh, sqod, skob, skos, skoh, skod,
+        sqw, skw, tsr, tsc, psb, pss,
+        D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
+        BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
+        TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
+        HAS_TAIL: tl.constexpr):
+    """Grid (tokens, q head blocks + k head blocks): y = RoPE(rmsnorm(x) * w) for q and k."""
+    tok = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    b = tok // S
+    s = tok - b * S
+    c1, s1, c2, s2 = _angles(b, s, True, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows,
+                             tsr, tsc, HALF, PAIR_BLOCK, INTERLEAVED, TABLE, HAS_POS)
+    if hb < Q_BLOCKS:
+        _forward_heads(q_ptr, qo_ptr, qw_ptr, b, s, hb.to(tl.int64) * BLOCK_HQ, HQ,
+                       c1, s1, c2, s2, eps, sqb, sqs, sqh, sqd, sqob, sqos, sqoh, sqod, sqw,
+                       D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, GEMMA, HAS_TAIL)
+    else:
+        _forward_heads(k_ptr, ko_ptr, kw_ptr, b, s, (hb - Q_BLOCKS).to(tl.int64) * BLOCK_HK, HK,
+                       c1, s1, c2, s2, eps, skb, sks, skh, skd, skob, skos, skoh, skod, skw,
+                       D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, GEMMA, HAS_TAIL)
+
+
+@triton.jit
+def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, T, S, h0, n_heads,
+                    eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
+                    sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds, sdh, sdd, sw,
+                    D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
+                    TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
+                    TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
+                    HAS_TAIL: tl.constexpr, TOKENS_PER_PROGRAM: tl.constexpr):
+    """dx for heads h0 .. h0 + BLOCK_H - 1 of tokens tok0 .. tok0 + TOKENS_PER_PROGRAM - 1, and
+    their weight-gradient partial sum as row ``part_row`` of the [programs, D] buffer."""
+    h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
+    w1, w2, wt = _weights(w_ptr, sw, D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, GEMMA)
+    j, o1, o2 = _members(HALF, PAIR_BLOCK, INTERLEAVED)
+    pm = j < HALF
+    acc1 = tl.zeros([1, PAIR_BLOCK], dtype=tl.float32)
+    acc2 = tl.zeros([1, PAIR_BLOCK], dtype=tl.float32)
+    acct = tl.zeros([1, TAIL_BLOCK], dtype=tl.float32)
+    for i in range(TOKENS_PER_PROGRAM):
+        tok = tok0 + i
+        valid = tok < T
+        b = tok // S
+        s = tok - b * S
+        hm = (h < n_heads) & valid
+        c1, s1, c2, s2 = _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
+                                 rows, tsr, tsc, HALF, PAIR_BLOCK, INTERLEAVED, TABLE, HAS_POS)
+        x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
+                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+        g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
+                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+        rstd = _rstd(x1, x2, xt, eps, D)
+        xh1 = tl.where(hm & pm, x1 * rstd, 0.0)
+        xh2 = tl.where(hm & pm, x2 * rstd, 0.0)
+        xht = tl.where(hm, xt * rstd, 0.0)
+        dz1 = g1 * c1 + g2 * s2
+        dz2 = g2 * c2 - g1 * s1
+        acc1 += tl.sum(dz1 * xh1, axis=0)[None, :]
+        acc2 += tl.sum(dz2 * xh2, axis=0)[None, :]
+        acct += tl.sum(gt * xht, axis=0)[None, :]
+        dxh1 = dz1 * w1
+        dxh2 = dz2 * w2
+        dxht = gt * wt
+        dot = (tl.sum(dxh1 * xh1, axis=1) + tl.sum(dxh2 * xh2, axis=1)
+               + tl.sum(dxht * xht, axis=1))[:, None] / D
+        _store_rows(dx_ptr + b * sdb + s * sds + h * sdh, sdd, hm,
+                    rstd * (dxh1 - xh1 * dot), rstd * (dxh2 - xh2 * dot),
+                    rstd * (dxht - xht * dot), D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED,
+                    HAS_TAIL)
+    prow = part_ptr + part_row * D
+    tl.store(prow + o1, acc1, mask=pm)
+    tl.store(prow + o2, acc2, mask=pm)
+    if HAS_TAIL:
+        t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
+        tl.store(prow + t, acct, mask=t < D)
+
+
+@triton.jit
+def qk_norm_rope_bwd_kernel(
+        q_ptr, k_ptr, gq_ptr, gk_ptr, dq_ptr, dk_ptr, qw_ptr, kw_ptr, qpart_ptr, kpart_ptr,
+        cos_ptr, sin_ptr, inv_ptr, pos_ptr,
+        T, S, HQ, HK, Q_BLOCKS, K_BLOCKS, rows, eps,
+        sqb, sqs, sqh, sqd, skb, sks, skh, skd,
+        sgqb, sgqs, sgqh, sgqd, sgkb, sgks, sgkh, sgkd,
+        sdqb, sdqs, sdqh, sdqd, sdkb, sdks, sdkh, sdkd,
+        sqw, skw, tsr, tsc, psb, pss,
+        D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
+        BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
+        TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr,
+        TOKENS_PER_PROGRAM: tl.constexpr):
+    """Grid (token groups, q head blocks + k head blocks): dq, dk and the weight-gradient
+    partial rows (q: row ``group * Q_BLOCKS + block``; k likewise with K_BLOCKS)."""
+    grp = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    tok0 = grp * TOKENS_PER_PROGRAM
+    if hb < Q_BLOCKS:
+        _backward_heads(q_ptr, gq_ptr, dq_ptr, qw_ptr, qpart_ptr, grp * Q_BLOCKS + hb, tok0, T,
+                        S, hb.to(tl.int64) * BLOCK_HQ, HQ, eps, pos_ptr, psb, pss, cos_ptr,
+                        sin_ptr, inv_ptr, rows, tsr, tsc, sqb, sqs, sqh, sqd,
+                        sgqb, sgqs, sgqh, sgqd, sdqb, sdqs, sdqh, sdqd, sqw,
+                        D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, TABLE, HAS_POS,
+                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM)
+    else:
+        kb = hb - Q_BLOCKS
+        _backward_heads(k_ptr, gk_ptr, dk_ptr, kw_ptr, kpart_ptr, grp * K_BLOCKS + kb, tok0, T,
+                        S, kb.to(tl.int64) * BLOCK_HK, HK, eps, pos_ptr, psb, pss, cos_ptr,
+                        sin_ptr, inv_ptr, rows, tsr, tsc, skb, sks, skh, skd,
+                        sgkb, sgks, sgkh, sgkd, sdkb, sdks, sdkh, sdkd, skw,
+                        D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, TABLE, HAS_POS,
+                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM)
+
+
+__all__ = ["TABLE_COMPUTED", "TABLE_FULL", "TABLE_HALF", "qk_norm_rope_fwd_kernel",
+           "qk_norm_rope_bwd_kernel"]

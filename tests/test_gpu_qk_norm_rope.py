@@ -1,0 +1,206 @@
+"""qk_norm_rope on the GPU: mid-size shapes against the float64 oracle (run on the GPU in
+float64), one case past 64 MB, the custom ops under opcheck, torch.compile(fullgraph=True) with
+inductor (the op alone bitwise equal to eager forward and backward; a small attention module
+within fp32 rounding; one compile across sequence lengths),
+CUDA-graph capture, and the weight gradients bitwise equal from run to run.
+
+The checks are tests/test_qk_norm_rope.py's (:func:`check_forward`, :func:`check_backward`),
+which NaN-poison the outputs and check the inputs unchanged.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ports.fastrope.qk_norm_rope import qk_norm_rope
+from test_qk_norm_rope import EPS, Case, _op_args, check_backward, check_forward, make_case
+
+pytestmark = pytest.mark.gpu
+
+MID = dict(b=2, s=257, hq=16, hk=4, d=128)  # 514 tokens: the backward's 8-token programs
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("style", ["rotate_half", "interleaved"])
+def test_forward_mid(dtype, style):
+    check_forward(Case(**MID, dtype=dtype, style=style))
+    check_forward(Case(**MID, dtype=dtype, style=style, asymmetric=True, positions="ids"))
+
+
+@pytest.mark.parametrize("case", [
+    Case(**MID, layout="sbhd", dtype="bf16"),
+    Case(**MID, layout="bhsd", dtype="fp16", source="half"),
+    Case(**MID, layout="thd", positions="ids", dtype="bf16"),
+    Case(**dict(MID, d=256), gemma=True, dtype="bf16", weight_dtype="fp32"),  # Gemma3's head
+    Case(**MID, rot=64, dtype="bf16", source="computed", positions="ids", base=1e6),
+    Case(**dict(MID, d=96, hk=1), rot=48, style="interleaved", dtype="fp16"),
+], ids=["sbhd", "bhsd-half", "thd", "gemma-256", "partial-computed", "mqa-d96-partial"])
+def test_forward_cases(case):
+    check_forward(case)
+    check_forward(case, in_place=True)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("style", ["rotate_half", "interleaved"])
+def test_backward_mid(dtype, style):
+    check_backward(Case(**MID, dtype=dtype, style=style, asymmetric=True))
+
+
+@pytest.mark.parametrize("case", [
+    Case(**MID, layout="sbhd", dtype="bf16", rot=64, asymmetric=True),
+    Case(**MID, layout="thd", positions="ids", dtype="bf16", gemma=True, weight_dtype="fp32"),
+    Case(**dict(MID, d=256), gemma=True, dtype="bf16", source="computed"),
+    Case(b=1, s=3, hq=8, hk=2, d=128, dtype="bf16"),  # a decode-sized step: 1 token a program
+], ids=["partial-sbhd", "thd-gemma", "gemma-256-computed", "tiny"])
+def test_backward_cases(case):
+    check_backward(case)
+    check_backward(case, broadcast_grad=True)
+
+
+def test_large_case_over_64_mb():
+    """bf16 q [1, 8192, 32, 128] (64 MiB) and k [.., 8, ..]: forward and backward vs the
+    oracle."""
+    c = Case(b=1, s=8192, hq=32, hk=8, d=128, dtype="bf16", positions="ids")
+    check_forward(c)
+    check_backward(c)
+
+
+def test_weight_gradients_bitwise_deterministic():
+    c = Case(**MID, dtype="bf16", weight_dtype="fp32")
+    first, second = check_backward(c), check_backward(c)
+    for name in ("dq", "dk", "dqw", "dkw"):
+        assert torch.equal(first[name], second[name]), name
+
+
+@pytest.mark.parametrize("case", [
+    Case(b=2, s=9, hq=4, hk=2, d=64),
+    Case(b=2, s=9, hq=4, hk=2, d=64, rot=32, style="interleaved", source="half",
+         positions="ids", gemma=True, layout="sbhd", dtype="bf16"),
+    Case(b=2, s=9, hq=4, hk=1, d=64, source="computed", dtype="fp16", weight_dtype="fp32",
+         layout="bhsd"),
+], ids=["tables", "partial-half-ids-gemma", "computed-fp16"])
+def test_opcheck_cuda(case):
+    args = _op_args(case)
+    q, k, qw, kw = (t.detach().clone().requires_grad_(True) for t in args[:4])
+    torch.library.opcheck(torch.ops.fastrope.qk_norm_rope.default, (q, k, qw, kw, *args[4:]))
+    g = [torch.randn_like(q), torch.randn_like(k)]
+    torch.library.opcheck(torch.ops.fastrope.qk_norm_rope_backward.default,
+                          (*g, *(t.detach() for t in (q, k, qw, kw)), *args[4:-1]))
+    torch.library.opcheck(torch.ops.fastrope.qk_norm_rope_.default,
+                          (args[0].clone(), args[1].clone(), *args[2:]))
+
+
+class _QKNormRoPE(torch.nn.Module):
+    """Projection, fused q/k norm + RoPE, attention: what a Qwen3 layer does around the op."""
+
+    def __init__(self, hidden=256, hq=4, hk=2, d=64):
+        super().__init__()
+        self.hq, self.hk, self.d = hq, hk, d
+        self.q_proj = torch.nn.Linear(hidden, hq * d, bias=False)
+        self.k_proj = torch.nn.Linear(hidden, hk * d, bias=False)
+        self.q_norm = torch.nn.Parameter(torch.randn(d) * 0.1 + 1)
+        self.k_norm = torch.nn.Parameter(torch.randn(d) * 0.1 + 1)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.hq, self.d)
+        k = self.k_proj(x).view(b, s, self.hk, self.d)
+        q, k = qk_norm_rope(q, k, self.q_norm, self.k_norm, EPS, cos=cos, sin=sin)
+        k = k.repeat_interleave(self.hq // self.hk, dim=2)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2), is_causal=True)
+
+
+def _counting_inductor(compiles: list):
+    from torch._inductor.compile_fx import compile_fx
+
+    def backend(gm, example_inputs):
+        compiles.append(gm)
+        return compile_fx(gm, example_inputs)
+
+    return backend
+
+
+def test_torch_compile_fullgraph_op_bitwise():
+    """The op alone under inductor: forward and all four gradients bitwise equal to eager, one
+    compile for two sequence lengths (dynamic)."""
+    compiles = []
+    kw = dict(style="interleaved", rotary_dim=32, gemma=True)
+
+    def step(q, k, qw, kw_, cos, sin):
+        return qk_norm_rope(q, k, qw, kw_, EPS, cos=cos, sin=sin, **kw)
+
+    compiled = torch.compile(step, fullgraph=True, dynamic=True,
+                             backend=_counting_inductor(compiles))
+    for s in (17, 33):
+        inp = make_case(Case(b=2, s=s, hq=4, hk=2, d=64, rot=32, style="interleaved",
+                             gemma=True, dtype="bf16", asymmetric=True))
+        args = [inp[n] for n in ("q", "k", "qw", "kw")]
+        tabs = (inp["kwargs"]["cos"], inp["kwargs"]["sin"])
+        lc = [a.detach().clone().requires_grad_(True) for a in args]
+        le = [a.detach().clone().requires_grad_(True) for a in args]
+        out_c, out_e = compiled(*lc, *tabs), step(*le, *tabs)
+        gs = [torch.randn_like(o) for o in out_e]
+        for a, b in zip(out_c, out_e):
+            assert torch.equal(a, b)
+        for a, b in zip(torch.autograd.grad(out_c, lc, gs), torch.autograd.grad(out_e, le, gs)):
+            assert torch.equal(a, b)
+    assert len(compiles) == 1, f"{len(compiles)} compiles for two sequence lengths"
+
+
+def test_torch_compile_fullgraph_module():
+    """A projection, the fused op and attention compiled whole: no graph break, one compile
+    across sequence lengths; outputs and parameter gradients equal to eager within fp32
+    rounding (inductor may reorder the sums around the op)."""
+    from reference.tables import rope_tables
+
+    compiles = []
+    torch.manual_seed(0)
+    module = _QKNormRoPE().cuda()
+    eager = _QKNormRoPE().cuda()
+    eager.load_state_dict(module.state_dict())
+    compiled = torch.compile(module, fullgraph=True, dynamic=True,
+                             backend=_counting_inductor(compiles))
+    cos, sin = rope_tables(64, 64, device="cuda")
+    for s in (17, 33):
+        x = torch.randn(2, s, 256, device="cuda")
+        out_c, out_e = compiled(x, cos, sin), eager(x, cos, sin)
+        torch.testing.assert_close(out_c, out_e)
+        g = torch.randn_like(out_c)
+        out_c.backward(g)
+        out_e.backward(g)
+        for (name, pc), pe in zip(module.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(pc.grad, pe.grad, msg=name)
+            pc.grad, pe.grad = None, None
+    assert len(compiles) == 1, f"{len(compiles)} compiles for two sequence lengths"
+
+
+def test_cuda_graph_capture_and_replay():
+    """Captured with ids (the position check is skipped during the capture), replayed with new
+    inputs: equal to eager calls."""
+    c = Case(**MID, dtype="bf16", positions="ids")
+    inp = make_case(c)
+    kw = inp["kwargs"]
+    q, k = inp["q"].clone(), inp["k"].clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        qk_norm_rope(q, k, inp["qw"], inp["kw"], EPS, **kw)  # warm up (compile) off the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        qo, ko = qk_norm_rope(q, k, inp["qw"], inp["kw"], EPS, **kw)
+    other = make_case(c, seed=5)
+    q.copy_(other["q"])
+    k.copy_(other["k"])
+    kw["positions"].copy_(other["kwargs"]["positions"])
+    graph.replay()
+    want_q, want_k = qk_norm_rope(other["q"], other["k"], inp["qw"], inp["kw"], EPS, **kw)
+    assert torch.equal(qo, want_q) and torch.equal(ko, want_k)
+
+
+def test_second_device():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    check_forward(Case(b=1, s=9, hq=4, hk=2, d=64, device="cuda:1"))
+    check_backward(Case(b=1, s=9, hq=4, hk=2, d=64, device="cuda:1", asymmetric=True))

@@ -1,0 +1,527 @@
+"""qk_norm_rope (fused per-head RMSNorm then RoPE) against the float64 oracle, without a GPU.
+
+The Triton kernels run on CPU tensors under the interpreter (conftest sets TRITON_INTERPRET=1
+before any port is imported), so the shapes stay small. Every check compares with
+:func:`reference.qk_norm.qk_norm_rope_oracle` (or its autograd backward) with tolerances from
+the data (:mod:`reference.qk_norm`), on fresh random inputs with fixed seeds, outputs NaN-poisoned
+and inputs checked unchanged. The GPU suite (tests/test_gpu_qk_norm_rope.py) reuses
+:func:`make_case`, :func:`check_forward` and :func:`check_backward` at mid sizes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from ports import _alloc, _triton
+from ports.fastrope import qk_norm_rope as qknr
+from ports.fastrope.qk_norm_rope import qk_norm_rope, qk_norm_rope_inplace
+from reference import tables
+from reference.layouts import shape_of
+from reference.qk_norm import (backward_tolerances, forward_tolerance, qk_norm_rope_oracle,
+                               qk_norm_rope_oracle_backward, rms_norm)
+from reference.vocabulary import DTYPES
+
+EPS = 1e-6
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() or _triton.interpreting()),
+    reason="needs a GPU or TRITON_INTERPRET=1 (set by conftest before ports are imported)")
+
+
+# ---- cases -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    """One call: sizes, conventions, where the angles come from and how positions are given."""
+
+    b: int = 2
+    s: int = 5
+    hq: int = 4
+    hk: int = 2
+    d: int = 16
+    rot: int | None = None
+    layout: str = "bshd"
+    style: str = "rotate_half"
+    dtype: str = "fp32"
+    weight_dtype: str | None = None  # None: the same as q
+    source: str = "tables"           # tables ([L, R]), half ([L, R/2]), computed (from base)
+    positions: str = "arange"        # arange (None), ids ([b, s] or thd [t])
+    asymmetric: bool = False         # [L, R] tables whose pair members differ (backward checks)
+    gemma: bool = False
+    base: float = 10000.0
+    device: str = field(default="cuda" if torch.cuda.is_available() else "cpu")
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.rot or self.d
+
+
+def make_case(c: Case, seed: int = 0) -> dict:
+    """Inputs (on ``c.device``) and the oracle's view of them (float64 full-width tables and
+    per-token positions, on the CPU)."""
+    gen = torch.Generator().manual_seed(seed)
+    dt = DTYPES[c.dtype]
+    wdt = DTYPES[c.weight_dtype or c.dtype]
+    rot, rows = c.rotary_dim, c.s + 3
+
+    def rand(*shape):  # fresh values, never zeros
+        return torch.randn(*shape, generator=gen) + 0.25
+
+    q = rand(*shape_of(c.layout, c.b, c.s, c.hq, c.d)).to(dt)
+    k = rand(*shape_of(c.layout, c.b, c.s, c.hk, c.d)).to(dt)
+    qw = (0.5 * torch.randn(c.d, generator=gen) + (0.0 if c.gemma else 1.0)).to(wdt)
+    kw = (0.5 * torch.randn(c.d, generator=gen) + (0.0 if c.gemma else 1.0)).to(wdt)
+    ang = tables.angles(torch.arange(rows), tables.inv_freq(rot, c.base))
+    cos64, sin64 = tables.cos_sin(ang, c.style, torch.float64)
+    if c.asymmetric:  # members of a pair get different values: a wrong transpose shows
+        cos64 = torch.rand(rows, rot, generator=gen, dtype=torch.float64) * 2 - 1
+        sin64 = torch.rand(rows, rot, generator=gen, dtype=torch.float64) * 2 - 1
+    kw_tables = {}
+    if c.source != "computed":
+        cos32, sin32 = cos64.float(), sin64.float()
+        cos64, sin64 = cos32.double(), sin32.double()  # the oracle uses what the kernel reads
+        if c.source == "half":
+            cos32 = tables.first_members(cos32, c.style).contiguous()
+            sin32 = tables.first_members(sin32, c.style).contiguous()
+        kw_tables = dict(cos=cos32.to(c.device), sin=sin32.to(c.device))
+    tokens = c.b * c.s
+    if c.positions == "ids":
+        ids = torch.randint(0, rows, (tokens,) if c.layout == "thd" else (c.b, c.s),
+                            generator=gen)
+        oracle_pos = ids
+        kw_tables["positions"] = ids.to(torch.int32).to(c.device)
+    else:
+        oracle_pos = torch.arange(c.s).expand(c.b, c.s)
+    call = dict(style=c.style, layout=c.layout, rotary_dim=c.rot, base=c.base, gemma=c.gemma,
+                **kw_tables)
+    return dict(q=q.to(c.device), k=k.to(c.device), qw=qw.to(c.device), kw=kw.to(c.device),
+                kwargs=call, cos64=cos64, sin64=sin64, pos=oracle_pos)
+
+
+def _oracle_kw(c: Case, inp: dict) -> dict:
+    """The oracle's arguments, on the case's device (float64 runs on the GPU there)."""
+    return dict(cos_table=inp["cos64"].to(c.device), sin_table=inp["sin64"].to(c.device),
+                positions=inp["pos"].to(c.device), layout=c.layout, style=c.style,
+                gemma=c.gemma)
+
+
+def _close(actual: torch.Tensor, ref: torch.Tensor, tol: torch.Tensor, what: str) -> None:
+    """``|actual - ref| <= tol`` elementwise (``tol`` 0-d or broadcastable), with a report."""
+    actual = actual.detach().double()
+    assert not actual.isnan().any(), f"{what}: NaN (an element left unwritten?)"
+    err = (actual - ref.to(actual.device)).abs()
+    bad = err > tol.to(actual.device)
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {err.numel()} elements beyond "
+                           f"tolerance; max err {float(err.max()):.3e}, tol "
+                           f"{float(tol.max()):.3e}")
+
+
+def check_forward(c: Case, seed: int = 0, *, in_place: bool = False) -> None:
+    inp = make_case(c, seed)
+    q0, k0 = inp["q"].clone(), inp["k"].clone()
+    with _alloc.poisoned():
+        if in_place:
+            qo, ko = qk_norm_rope_inplace(inp["q"], inp["k"], inp["qw"], inp["kw"], EPS,
+                                          **inp["kwargs"])
+            assert qo is inp["q"] and ko is inp["k"]
+        else:
+            qo, ko = qk_norm_rope(inp["q"], inp["k"], inp["qw"], inp["kw"], EPS, **inp["kwargs"])
+            assert torch.equal(inp["q"], q0) and torch.equal(inp["k"], k0), "inputs changed"
+            assert qo.is_contiguous() and ko.is_contiguous()
+    for name, out, x, w in (("q", qo, q0, inp["qw"]), ("k", ko, k0, inp["kw"])):
+        assert out.shape == x.shape and out.dtype == x.dtype
+        ref = qk_norm_rope_oracle(x, w, EPS, **_oracle_kw(c, inp))
+        z = rms_norm(x, w, EPS, gemma=c.gemma)
+        _close(out, ref, forward_tolerance(ref, z, x.dtype, c.d), f"{name}_out {c}")
+
+
+def check_backward(c: Case, seed: int = 0, *, broadcast_grad: bool = False) -> dict:
+    """dq, dk, dq_weight, dk_weight against the oracle; returns them."""
+    inp = make_case(c, seed)
+    leaves = [inp[n].detach().clone().requires_grad_(True) for n in ("q", "k", "qw", "kw")]
+    with _alloc.poisoned():
+        qo, ko = qk_norm_rope(*leaves, EPS, **inp["kwargs"])
+    gen = torch.Generator().manual_seed(seed + 1)
+    if broadcast_grad:  # zero-stride gradients, as from out.sum()
+        grads = [torch.ones((), dtype=o.dtype, device=o.device).expand(o.shape) for o in (qo, ko)]
+    else:
+        grads = [torch.randn(o.shape, generator=gen).to(o.dtype).to(o.device) for o in (qo, ko)]
+    with _alloc.poisoned():
+        dq, dk, dqw, dkw = torch.autograd.grad((qo, ko), leaves, grads)
+    got = dict(dq=dq, dk=dk, dqw=dqw, dkw=dkw)
+    for x, w, g, dx, dw, name in ((inp["q"], inp["qw"], grads[0], dq, dqw, "q"),
+                                  (inp["k"], inp["kw"], grads[1], dk, dkw, "k")):
+        okw = _oracle_kw(c, inp)
+        dx_ref, dw_ref = qk_norm_rope_oracle_backward(x, w, g, EPS, **okw)
+        dx_tol, dw_tol = backward_tolerances(x, w, g, EPS, **okw, dx_dtype=x.dtype,
+                                             dw_dtype=w.dtype)
+        assert dx.dtype == x.dtype and dw.dtype == w.dtype and dw.shape == w.shape
+        _close(dx, dx_ref, dx_tol, f"d{name} {c}")
+        _close(dw, dw_ref, dw_tol, f"d{name}_weight {c}")
+    return got
+
+
+# ---- forward -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("style", ["rotate_half", "interleaved"])
+def test_forward_dtypes_styles(dtype, style):
+    check_forward(Case(dtype=dtype, style=style))
+
+
+@pytest.mark.parametrize("style", ["rotate_half", "interleaved"])
+def test_forward_asymmetric_tables(style):
+    """Each pair member reads its own cos/sin (a kernel reading one value per pair fails)."""
+    check_forward(Case(style=style, asymmetric=True, positions="ids"))
+
+
+@pytest.mark.parametrize("layout", ["sbhd", "bhsd", "thd"])
+def test_forward_layouts(layout):
+    check_forward(Case(layout=layout, dtype="bf16",
+                       positions="ids" if layout == "thd" else "arange"))
+
+
+@pytest.mark.parametrize("case", [
+    Case(d=16, rot=8, style="interleaved", source="half", dtype="fp16"),
+    Case(d=20, rot=12, dtype="fp32", positions="ids"),  # R/2 = 6 and a tail of 8: masked blocks
+    Case(d=12, rot=4, style="interleaved", dtype="bf16", source="computed"),
+], ids=["interleaved-half-table", "odd-pairs-tail", "computed-short"])
+def test_forward_partial_rotary(case):
+    check_forward(case)
+
+
+@pytest.mark.parametrize("style", ["rotate_half", "interleaved"])
+def test_forward_computed_angles_with_ids(style):
+    check_forward(Case(style=style, source="computed", positions="ids", base=500000.0))
+
+
+@pytest.mark.parametrize("dtype,weight_dtype", [("fp32", "fp32"), ("bf16", "fp32"),
+                                                 ("fp16", "bf16")])
+def test_forward_gemma_and_weight_dtypes(dtype, weight_dtype):
+    check_forward(Case(dtype=dtype, weight_dtype=weight_dtype, gemma=True))
+    check_forward(Case(dtype=dtype, weight_dtype=weight_dtype, hk=1))  # MQA
+
+
+def test_forward_strided_views_of_packed_qkv():
+    """q and k cut out of one packed projection (heads of q, k and v side by side)."""
+    b, s, hq, hk, d = 2, 3, 4, 2, 16
+    qkv = torch.randn(b, s, hq + 2 * hk, d).to(Case().device)
+    q, k = qkv[:, :, :hq], qkv[:, :, hq:hq + hk]
+    qw, kw = torch.randn(d).to(q.device), torch.randn(d).to(q.device)
+    cos, sin = tables.rope_tables(s, d, device=q.device)
+    qo, ko = qk_norm_rope(q, k, qw, kw, EPS, cos=cos, sin=sin)
+    qc, kc = qk_norm_rope(q.contiguous(), k.contiguous(), qw, kw, EPS, cos=cos, sin=sin)
+    assert torch.equal(qo, qc) and torch.equal(ko, kc)
+
+
+def test_forward_in_place_equals_out_of_place():
+    c = Case(dtype="bf16", style="interleaved", rot=8, positions="ids")
+    check_forward(c, in_place=True)
+    inp = make_case(c)
+    qo, ko = qk_norm_rope(inp["q"], inp["k"], inp["qw"], inp["kw"], EPS, **inp["kwargs"])
+    qk_norm_rope_inplace(inp["q"], inp["k"], inp["qw"], inp["kw"], EPS, **inp["kwargs"])
+    assert torch.equal(qo, inp["q"]) and torch.equal(ko, inp["k"])
+
+
+def test_forward_matches_transformers_in_fp32():
+    """Qwen3's q_norm then HF's rotate-half RoPE, in fp32: the same as the fused kernel to the
+    fp32 tolerance (in fp16/bf16 transformers rounds four times more; see the module doc)."""
+    pytest.importorskip("transformers")
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    from reference.eager import hf_apply_rotary_pos_emb
+
+    c = Case(layout="bshd")
+    inp = make_case(c)
+    norm_q, norm_k = Qwen3RMSNorm(c.d, eps=EPS), Qwen3RMSNorm(c.d, eps=EPS)
+    with torch.no_grad():
+        norm_q.weight.copy_(inp["qw"].cpu())
+        norm_k.weight.copy_(inp["kw"].cpu())
+        cos = inp["kwargs"]["cos"].cpu()[: c.s].expand(c.b, c.s, c.d)
+        sin = inp["kwargs"]["sin"].cpu()[: c.s].expand(c.b, c.s, c.d)
+        hq, hk = hf_apply_rotary_pos_emb(norm_q(inp["q"].cpu()), norm_k(inp["k"].cpu()),
+                                         cos, sin, unsqueeze_dim=2)
+    qo, ko = qk_norm_rope(inp["q"], inp["k"], inp["qw"], inp["kw"], EPS, **inp["kwargs"])
+    for out, hf, x, w in ((qo, hq, inp["q"], inp["qw"]), (ko, hk, inp["k"], inp["kw"])):
+        ref = qk_norm_rope_oracle(x, w, EPS, **_oracle_kw(c, inp))
+        tol = 2 * forward_tolerance(ref, rms_norm(x, w, EPS), x.dtype, c.d)
+        _close(out, hf.double(), tol, "fused vs transformers")
+
+
+# ---- backward ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("style", ["rotate_half", "interleaved"])
+def test_backward_asymmetric_tables(dtype, style):
+    check_backward(Case(dtype=dtype, style=style, asymmetric=True))
+
+
+@pytest.mark.parametrize("case", [
+    Case(d=20, rot=12, asymmetric=True, layout="sbhd"),
+    Case(d=16, rot=8, style="interleaved", source="half", dtype="bf16", weight_dtype="fp32",
+         layout="bhsd"),
+    Case(source="computed", positions="ids", gemma=True, hk=1),
+    Case(layout="thd", positions="ids", gemma=True, dtype="fp16", asymmetric=True),
+], ids=["partial-sbhd", "partial-interleaved-bhsd", "computed-gemma-mqa", "thd-gemma"])
+def test_backward_cases(case):
+    check_backward(case)
+
+
+def test_backward_zero_stride_gradient():
+    check_backward(Case(dtype="bf16", asymmetric=True), broadcast_grad=True)
+
+
+def test_backward_several_tokens_per_program_is_deterministic(monkeypatch):
+    """The long-run path (8 tokens a program, the last group partly past the end): correct, and
+    the weight gradients bitwise equal from run to run."""
+    monkeypatch.setattr(qknr, "LONG_RUN_MIN_TOKENS", 1)
+    c = Case(b=3, s=7, hq=3, hk=1, d=8, asymmetric=True)  # 21 tokens: 3 groups, the last of 5
+    first = check_backward(c)
+    second = check_backward(c)
+    for name in ("dq", "dk", "dqw", "dkw"):
+        assert torch.equal(first[name], second[name]), name
+
+
+def test_backward_only_one_output_used():
+    """A gradient for q_out only: k's gradients are zeros, q's match the oracle."""
+    c = Case(asymmetric=True)
+    inp = make_case(c)
+    leaves = [inp[n].detach().clone().requires_grad_(True) for n in ("q", "k", "qw", "kw")]
+    qo, _ = qk_norm_rope(*leaves, EPS, **inp["kwargs"])
+    qo.float().square().sum().backward()
+    assert torch.count_nonzero(leaves[1].grad) == 0
+    assert torch.count_nonzero(leaves[3].grad) == 0
+    assert torch.count_nonzero(leaves[0].grad) > 0
+
+
+# ---- refusals ------------------------------------------------------------------------------------
+def _base_args(device=None):
+    c = Case() if device is None else Case(device=device)
+    inp = make_case(c)
+    return inp["q"], inp["k"], inp["qw"], inp["kw"], inp["kwargs"]
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (lambda a: a.update(q=a["q"].double()), TypeError, "q has dtype float64"),
+    (lambda a: a.update(k=a["k"].half()), TypeError, "k has dtype float16 but q"),
+    (lambda a: a.update(qw=a["qw"][:8]), ValueError, r"q_weight must be \[head_dim = 16\]"),
+    (lambda a: a.update(kw=a["kw"].long()), TypeError, "k_weight has dtype int64"),
+    (lambda a: a.update(k=a["k"][:, :3]), ValueError, "must match in every dimension"),
+    (lambda a: a.update(eps=-1.0), ValueError, "eps must be a finite number"),
+    (lambda a: a["kw_"].update(rotary_dim=7), ValueError, "rotary_dim must be even"),
+    (lambda a: a["kw_"].update(layout="bsdh"), ValueError, "unknown layout"),
+    (lambda a: a["kw_"].update(style="neox"), ValueError, "unknown style"),
+    (lambda a: a["kw_"].pop("sin"), ValueError, "pass both cos and sin"),
+    (lambda a: a["kw_"].update(cos=a["kw_"]["cos"][:, :5], sin=a["kw_"]["sin"][:, :5]),
+     ValueError, r"cos must be \[max_position, rotary_dim=16\]"),
+    (lambda a: a["kw_"].update(positions=torch.zeros(2, 5)), TypeError, "positions must be int"),
+    (lambda a: a["kw_"].update(positions=torch.zeros(3, 5, dtype=torch.int64)), ValueError,
+     "positions must have shape"),
+    (lambda a: a["kw_"].update(positions=torch.full((2, 5), 99)), IndexError,
+     "positions reach"),
+    (lambda a: a["kw_"].update(gemma=1), TypeError, "gemma must be a bool"),
+], ids=["q-dtype", "k-dtype", "weight-shape", "weight-dtype", "k-shape", "eps", "rotary-odd",
+        "layout", "style", "cos-alone", "table-width", "pos-float", "pos-shape", "pos-range",
+        "gemma-int"])
+def test_bad_arguments_raise(change, error, match):
+    q, k, qw, kw, kwargs = _base_args()
+    a = dict(q=q, k=k, qw=qw, kw=kw, eps=EPS, kw_=dict(kwargs))
+    change(a)
+    with pytest.raises(error, match=match):
+        qk_norm_rope(a["q"], a["k"], a["qw"], a["kw"], a["eps"], **a["kw_"])
+
+
+def test_refusals_of_unsupported_combinations():
+    q, k, qw, kw, kwargs = _base_args()
+    with pytest.raises(NotImplementedError, match="thd' needs per-token positions"):
+        qk_norm_rope(q[0], k[0], qw, kw, EPS, layout="thd")
+    with pytest.raises(NotImplementedError, match="use qk_norm_rope when a gradient"):
+        qk_norm_rope_inplace(q.clone().requires_grad_(True), k.clone(), qw, kw, EPS, **kwargs)
+    with pytest.raises(ValueError, match="same memory"):
+        qk_norm_rope_inplace(q, q, qw, qw, EPS, **kwargs)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'offsets'"):
+        qk_norm_rope(q, k, qw, kw, EPS, offsets=3)
+
+
+def test_empty_inputs():
+    """No tokens, or no k heads: outputs of the right shapes, zero weight gradients."""
+    dev = Case().device
+    for qs, ks in (((2, 0, 4, 16), (2, 0, 2, 16)), ((2, 3, 4, 16), (2, 3, 0, 16))):
+        q, k = torch.randn(qs, device=dev, requires_grad=True), torch.randn(ks, device=dev)
+        w = torch.randn(16, device=dev, requires_grad=True)
+        qo, ko = qk_norm_rope(q, k, w, w.detach(), EPS)
+        assert qo.shape == qs and ko.shape == ks
+        qo.sum().backward()
+        assert w.grad.shape == (16,) and (q.grad.shape == qs)
+
+
+def test_nan_poison_is_seen():
+    """The harness can fail: a kernel that skipped the k launch would leave NaN, which _close
+    rejects."""
+    with pytest.raises(AssertionError, match="NaN"):
+        _close(torch.full((2,), float("nan")), torch.zeros(2, dtype=torch.float64),
+               torch.tensor(1.0, dtype=torch.float64), "poisoned")
+
+
+# ---- custom ops: opcheck and tracing -------------------------------------------------------------
+def _op_args(c: Case, seed: int = 0) -> tuple:
+    inp = make_case(c, seed)
+    kw = inp["kwargs"]
+    return (inp["q"], inp["k"], inp["qw"], inp["kw"], EPS, kw.get("cos"), kw.get("sin"),
+            kw.get("positions"), c.style, c.layout, c.rot, c.base, c.gemma, True)
+
+
+@pytest.mark.parametrize("case", [
+    Case(b=1, s=3, hq=2, hk=1, d=8),
+    Case(b=1, s=3, hq=2, hk=1, d=8, rot=4, style="interleaved", source="half",
+         positions="ids", gemma=True, layout="sbhd"),
+    Case(b=1, s=3, hq=2, hk=1, d=8, source="computed", dtype="bf16", weight_dtype="fp32"),
+], ids=["tables", "partial-half-ids-gemma", "computed-bf16"])
+def test_opcheck(case):
+    args = _op_args(case)
+    q, k, qw, kw = (t.detach().clone().requires_grad_(True) for t in args[:4])
+    torch.library.opcheck(torch.ops.fastrope.qk_norm_rope.default, (q, k, qw, kw, *args[4:]))
+    g = [torch.randn_like(q), torch.randn_like(k)]
+    torch.library.opcheck(torch.ops.fastrope.qk_norm_rope_backward.default,
+                          (*g, *(t.detach() for t in (q, k, qw, kw)), *args[4:-1]))
+    torch.library.opcheck(torch.ops.fastrope.qk_norm_rope_.default,
+                          (args[0].clone(), args[1].clone(), *args[2:]))
+
+
+def test_fake_implementations_on_meta():
+    args = _op_args(Case(layout="sbhd"))
+    meta = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
+    qo, ko = torch.ops.fastrope.qk_norm_rope(*meta)
+    assert qo.shape == args[0].shape and qo.is_contiguous() and ko.dtype == args[1].dtype
+    outs = torch.ops.fastrope.qk_norm_rope_backward(meta[0], meta[1], *meta[:-1])
+    assert [o.shape for o in outs] == [a.shape for a in args[:4]]
+
+
+def test_traced_whole_by_dynamo():
+    """fullgraph tracing (aot_eager: no code generation on this machine) of a forward and
+    backward, equal to eager; the GPU suite repeats it with inductor."""
+    c = Case(asymmetric=True)
+    inp = make_case(c)
+    kw = inp["kwargs"]
+
+    def step(q, k, qw, kw_):
+        qo, ko = qk_norm_rope(q, k, qw, kw_, EPS, **kw)
+        return qo * 2, ko
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    leaves = [inp[n].detach().clone().requires_grad_(True) for n in ("q", "k", "qw", "kw")]
+    eager_leaves = [t.detach().clone().requires_grad_(True) for t in leaves]
+    out_c = compiled(*leaves)
+    out_e = step(*eager_leaves)
+    for a, b in zip(out_c, out_e):
+        assert torch.equal(a, b)
+    sum(o.float().sum() for o in out_c).backward()
+    sum(o.float().sum() for o in out_e).backward()
+    for a, b in zip(leaves, eager_leaves):
+        assert torch.equal(a.grad, b.grad)
+
+
+def test_case_builder_hand_checked():
+    """The oracle's conventions on a 4-element head (d = 4, R = 4, weight 1, rotate-half):
+    rmsnorm([1, 1, 1, 1]) = [1, 1, 1, 1]; at angle pi/2 for pair 0 (and 0 for pair 1), RoPE
+    sends (x0, x2) -> (-x2, x0) and leaves (x1, x3)."""
+    x = torch.ones(1, 1, 1, 4, dtype=torch.float64)
+    cos = torch.tensor([[0.0, 1.0, 0.0, 1.0]], dtype=torch.float64)
+    sin = torch.tensor([[1.0, 0.0, 1.0, 0.0]], dtype=torch.float64)
+    x = x * torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)
+    y = qk_norm_rope_oracle(x, torch.ones(4), 0.0, cos, sin, torch.zeros(1, 1, dtype=torch.long),
+                            layout="bshd", style="rotate_half")
+    r = (30 / 4) ** -0.5
+    want = torch.tensor([-3 * r, 2 * r, 1 * r, 4 * r], dtype=torch.float64)
+    torch.testing.assert_close(y.flatten(), want)
+    dev = Case().device
+    qo, ko = qk_norm_rope(x.float().to(dev), x.float().to(dev), torch.ones(4, device=dev),
+                          torch.zeros(4, device=dev), 0.0, cos=cos.float().to(dev),
+                          sin=sin.float().to(dev), positions=torch.zeros(1, 1, dtype=torch.int32,
+                                                                         device=dev))
+    torch.testing.assert_close(qo.double().cpu().flatten(), want)
+    assert torch.count_nonzero(ko) == 0  # weight 0 (not Gemma): every output channel 0
+
+
+# ---- the benchmark's table and CLI (no GPU needed) -------------------------------------------
+def test_bench_table_and_cli_without_gpu(capsys):
+    from ports.fastrope import qk_norm_rope_bench as bench
+
+    rows = [dict(shape="s", direction="forward", impl="copy", us=10.0, copy_us=10.0),
+            dict(shape="s", direction="forward", impl="fused", us=12.5, copy_us=10.0),
+            dict(shape="s", direction="forward", impl="rms_norm + fastrope", us=25.0,
+                 copy_us=10.0),
+            dict(shape="s", direction="forward", impl="compiled unfused", us=None,
+                 copy_us=10.0, reason="RuntimeError: boom")]
+    lines = bench.table(rows).splitlines()
+    assert lines[3] == "| s | forward | fused | 12.5 | 80% | 2.00 |"
+    assert lines[4] == "| s | forward | rms_norm + fastrope | 25.0 | 40% | 1.00 |"
+    assert "RuntimeError: boom" in lines[5]
+    assert bench._settings(["BACKWARD_WARPS=8"]) == {"BACKWARD_WARPS": 8}
+    assert bench.main(["--set", "WARPS=8"]) == 2
+    assert "--set takes NAME=INT" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert bench.main([]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+# ---- the kernels compile for sm_90 (no GPU needed) ---------------------------------------------
+_COMPILE_SM90 = r"""
+import shutil, subprocess, sys, tempfile
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from ports.fastrope import qk_norm_rope as Q, qk_norm_rope_kernels as K
+
+POINTERS = {"q_ptr", "k_ptr", "qo_ptr", "ko_ptr", "gq_ptr", "gk_ptr", "dq_ptr", "dk_ptr"}
+
+def signature(fn, dtype, consts):
+    types = {"qw_ptr": "*fp32", "kw_ptr": "*fp32", "qpart_ptr": "*fp32", "kpart_ptr": "*fp32",
+             "cos_ptr": "*fp32", "sin_ptr": "*fp32", "inv_ptr": "*fp64", "pos_ptr": "*i64",
+             "eps": "fp32"}
+    return {n: "constexpr" if n in consts else "*" + dtype if n in POINTERS
+            else types.get(n, "i32") for n in fn.arg_names}
+
+for fn, extra, elements in (
+        (K.qk_norm_rope_fwd_kernel, {}, Q.MAX_BLOCK_ELEMENTS),
+        (K.qk_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS},
+         Q.MAX_BLOCK_ELEMENTS_BWD)):
+    for dtype, table, interleaved, tail in (("bf16", K.TABLE_HALF, False, False),
+                                            ("fp16", K.TABLE_COMPUTED, True, True),
+                                            ("fp32", K.TABLE_FULL, False, True)):
+        consts = dict(D=96 if tail else 128, HALF=24 if tail else 64,
+                      PAIR_BLOCK=32 if tail else 64, TAIL_BLOCK=64 if tail else 1,
+                      BLOCK_HQ=Q._block_heads(32, 96 if tail else 128, elements),
+                      BLOCK_HK=Q._block_heads(8, 96 if tail else 128, elements),
+                      INTERLEAVED=interleaved, TABLE=table,
+                      HAS_POS=tail, GEMMA=tail, HAS_TAIL=tail, **extra)
+        k = triton.compile(ASTSource(fn, signature(fn, dtype, consts), consts),
+                           target=GPUTarget("cuda", 90, 32))
+        ptxas = shutil.which("ptxas")
+        if ptxas:
+            with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
+                f.write(k.asm["ptx"])
+                f.flush()
+                err = subprocess.run([ptxas, "-v", "-arch=sm_90a", f.name, "-o", "/dev/null"],
+                                     capture_output=True, text=True).stderr
+            spills = [line for line in err.splitlines() if "spill" in line]
+            if any(" 0 bytes spill stores" not in line for line in spills):
+                sys.exit(f"{fn.__name__} {dtype}: register spills: {spills}")
+        print("compiled", fn.__name__, dtype)
+"""
+
+
+def test_kernels_compile_for_sm90_without_spills():
+    """Both kernels, three variants each (dtypes, table forms, styles, tails, positions), compiled
+    to sm_90 PTX by Triton (and through ptxas, with no register spill, when it is on PATH): a
+    typing error the interpreter lets through fails here."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root
+    r = subprocess.run([sys.executable, "-c", _COMPILE_SM90], capture_output=True, text=True,
+                       cwd=root, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("compiled") == 6
