@@ -6,6 +6,9 @@ API::
                cu_seqlens=None, max_seqlen=None, style="rotate_half", layout="bshd",
                rotary_dim=None, base=10000.0, inv_freq=None, check_positions=True)
     apply_rope_inplace(q, k=None, **same)
+    qk_norm_rope(q, k, q_weight, k_weight, eps, *, cos=None, sin=None, positions=None,
+                 style="rotate_half", layout="bshd", rotary_dim=None, base=10000.0, gemma=False)
+    qk_norm_rope_inplace(q, k, q_weight, k_weight, eps, **same)
 
 Both are autograd-aware from any thread (the backward is the same kernel rotating by -theta),
 traced whole by ``torch.compile(fullgraph=True)`` and captured by CUDA graphs. ``apply_rope``
@@ -17,7 +20,10 @@ The modules, in call order: api.py (the public functions), ops.py (the same as t
 to end, and its autograd), problem.py (the host checks), plan.py (the launch plan: a table of
 named rules), launcher.py (the packed launch), kernel.py (rope.cu's instantiations), limits.py
 (what validation and planning share); hf.py is a drop-in for Hugging Face transformers'
-``apply_rotary_pos_emb``, ablation.py runs the kernel with one idea switched off,
+``apply_rotary_pos_emb`` (hf_kernels.py: the same through the ``kernels`` package's mapping;
+hf_models.py: a small random model of each family), qk_norm_rope.py the fused per-head RMSNorm
++ RoPE, forward and backward (Triton kernels in qk_norm_rope_kernels.py, timed by
+qk_norm_rope_bench.py), ablation.py runs the kernel with one idea switched off,
 experiment.py is the documented interface the probes under tools/ use (kernel variants as build
 options, fixed plans), canonical.py holds the registry entries. DESIGN.md describes the kernel,
 its plan's rules and the measurement behind each.
@@ -26,5 +32,6 @@ from __future__ import annotations
 
 from ports.fastrope.api import apply_rope, apply_rope_inplace
 from ports.fastrope.kernel import MODULE
+from ports.fastrope.qk_norm_rope import qk_norm_rope, qk_norm_rope_inplace
 
-__all__ = ["MODULE", "apply_rope", "apply_rope_inplace"]
+__all__ = ["MODULE", "apply_rope", "apply_rope_inplace", "qk_norm_rope", "qk_norm_rope_inplace"]
