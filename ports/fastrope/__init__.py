@@ -21,9 +21,9 @@ to end, and its autograd), problem.py (the host checks), plan.py (the launch pla
 named rules), launcher.py (the packed launch), kernel.py (rope.cu's instantiations), limits.py
 (what validation and planning share); hf.py is a drop-in for Hugging Face transformers'
 ``apply_rotary_pos_emb`` (hf_kernels.py: the same through the ``kernels`` package's mapping;
-hf_models.py: a small random model of each family), qk_norm_rope.py the fused per-head RMSNorm
-+ RoPE, forward and backward (Triton kernels in qk_norm_rope_kernels.py, timed by
-qk_norm_rope_bench.py), ablation.py runs the kernel with one idea switched off,
+hf_models.py: a small random model of each family), qknorm.py the fused per-head RMSNorm
++ RoPE, forward and backward (Triton kernels in qknorm_kernels.py, timed by
+qknorm_bench.py), ablation.py runs the kernel with one idea switched off,
 experiment.py is the documented interface the probes under tools/ use (kernel variants as build
 options, fixed plans), canonical.py holds the registry entries. DESIGN.md describes the kernel,
 its plan's rules and the measurement behind each.
@@ -32,6 +32,6 @@ from __future__ import annotations
 
 from ports.fastrope.api import apply_rope, apply_rope_inplace
 from ports.fastrope.kernel import MODULE
-from ports.fastrope.qk_norm_rope import qk_norm_rope, qk_norm_rope_inplace
+from ports.fastrope.qknorm import qk_norm_rope, qk_norm_rope_inplace
 
 __all__ = ["MODULE", "apply_rope", "apply_rope_inplace", "qk_norm_rope", "qk_norm_rope_inplace"]

@@ -4,7 +4,7 @@ The Triton kernels run on CPU tensors under the interpreter (conftest sets TRITO
 before any port is imported), so the shapes stay small. Every check compares with
 :func:`reference.qk_norm.qk_norm_rope_oracle` (or its autograd backward) with tolerances from
 the data (:mod:`reference.qk_norm`), on fresh random inputs with fixed seeds, outputs NaN-poisoned
-and inputs checked unchanged. The GPU suite (tests/test_gpu_qk_norm_rope.py) reuses
+and inputs checked unchanged. The GPU suite (tests/test_gpu_qknorm.py) reuses
 :func:`make_case`, :func:`check_forward` and :func:`check_backward` at mid sizes.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from ports import _alloc, _triton
-from ports.fastrope import qk_norm_rope as qknr
-from ports.fastrope.qk_norm_rope import qk_norm_rope, qk_norm_rope_inplace
+from ports.fastrope import qknorm as qknr
+from ports.fastrope.qknorm import qk_norm_rope, qk_norm_rope_inplace
 from reference import tables
 from reference.layouts import shape_of
 from reference.qk_norm import (backward_tolerances, forward_tolerance, qk_norm_rope_oracle,
@@ -444,7 +444,7 @@ def test_case_builder_hand_checked():
 
 # ---- the benchmark's table and CLI (no GPU needed) -------------------------------------------
 def test_bench_table_and_cli_without_gpu(capsys):
-    from ports.fastrope import qk_norm_rope_bench as bench
+    from ports.fastrope import qknorm_bench as bench
 
     rows = [dict(shape="s", direction="forward", impl="copy", us=10.0, copy_us=10.0),
             dict(shape="s", direction="forward", impl="fused", us=12.5, copy_us=10.0),
@@ -470,7 +470,7 @@ import shutil, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from ports.fastrope import qk_norm_rope as Q, qk_norm_rope_kernels as K
+from ports.fastrope import qknorm as Q, qknorm_kernels as K
 
 POINTERS = {"q_ptr", "k_ptr", "qo_ptr", "ko_ptr", "gq_ptr", "gk_ptr", "dq_ptr", "dk_ptr"}
 

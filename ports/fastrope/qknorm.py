@@ -4,7 +4,7 @@ fused backward (dq, dk, dq_weight, dk_weight) in one more.
 Qwen3 and Gemma3 attention normalise each head of q and k with an RMSNorm of ``head_dim``
 weights right before the rotary embedding. Unfused, that is four passes over q and k (norm read
 and write, RoPE read and write); fused, two: read once, write once. Forward and backward both
-keep the math in fp32 and round once, at the store (the kernels: :mod:`.qk_norm_rope_kernels`).
+keep the math in fp32 and round once, at the store (the kernels: :mod:`.qknorm_kernels`).
 
 API::
 
@@ -73,7 +73,7 @@ import triton
 from torch import Tensor
 
 from ports import _alloc, _triton
-from ports.fastrope import qk_norm_rope_kernels as K
+from ports.fastrope import qknorm_kernels as K
 from reference import tables
 from reference.vocabulary import (BSH_AXES, DIM_NAMES, INDEX_DTYPES, KERNEL_TORCH_DTYPES,
                                   LAYOUTS, STYLES)

@@ -1,11 +1,11 @@
 """Times fused ``qk_norm_rope`` against the unfused pairs, forward and backward, on the GPU.
 
-    python -m ports.fastrope.qk_norm_rope_bench [--dtype bf16] [--rep-ms 100] [--shapes NAME..]
+    python -m ports.fastrope.qknorm_bench [--dtype bf16] [--rep-ms 100] [--shapes NAME..]
                                                 [--set BACKWARD_WARPS=8 ...]
 
 Rows, per shape and direction (every time the median of CUDA-graph replays, in us):
 
-* ``fused``: :func:`ports.fastrope.qk_norm_rope.qk_norm_rope`;
+* ``fused``: :func:`ports.fastrope.qknorm.qk_norm_rope`;
 * ``rms_norm + fastrope``: ``torch.nn.functional.rms_norm`` on q and k, then
   ``fastrope.apply_rope`` (one RMSNorm kernel per tensor, then one RoPE launch for both);
 * ``hf eager + fastrope``: transformers' Qwen3RMSNorm formula in eager PyTorch, then
@@ -76,7 +76,7 @@ def _unfused_compiled(q, k, qw, kw, cos, sin, gemma):
 def _rows(shape: Shape, dtype: torch.dtype):
     """(name, forward fn) pairs; each fn takes (q, k, qw, kw, cos, sin) and returns (q, k)."""
     from ports.fastrope import apply_rope
-    from ports.fastrope.qk_norm_rope import qk_norm_rope
+    from ports.fastrope.qknorm import qk_norm_rope
 
     s = shape.s
 
@@ -174,7 +174,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# Launch settings of ports.fastrope.qk_norm_rope that ``--set`` may override (module constants).
+# Launch settings of ports.fastrope.qknorm that ``--set`` may override (module constants).
 TUNABLES = ("MAX_BLOCK_ELEMENTS", "MAX_BLOCK_ELEMENTS_BWD", "LONG_RUN_TOKENS",
             "LONG_RUN_MIN_TOKENS", "FORWARD_WARPS", "BACKWARD_WARPS")
 
@@ -194,7 +194,7 @@ def _settings(pairs: list[str]) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     from reference.vocabulary import DTYPES
 
-    p = argparse.ArgumentParser(prog="python -m ports.fastrope.qk_norm_rope_bench",
+    p = argparse.ArgumentParser(prog="python -m ports.fastrope.qknorm_bench",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--rep-ms", type=int, default=100, help="timing budget per row (ms)")
@@ -205,17 +205,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = _settings(args.set)
     except ValueError as e:
-        print(f"qk_norm_rope_bench: {e}", file=sys.stderr)
+        print(f"qknorm_bench: {e}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
-        print("qk_norm_rope_bench: needs a CUDA GPU; none is visible", file=sys.stderr)
+        print("qknorm_bench: needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
     shapes = [s for s in SHAPES if not args.shapes or s.name in args.shapes]
     if not shapes:
-        print(f"qk_norm_rope_bench: no shape named {args.shapes}; known: "
+        print(f"qknorm_bench: no shape named {args.shapes}; known: "
               f"{[s.name for s in SHAPES]}", file=sys.stderr)
         return 2
-    from ports.fastrope import qk_norm_rope as module
+    from ports.fastrope import qknorm as module
 
     for name, value in settings.items():
         setattr(module, name, value)

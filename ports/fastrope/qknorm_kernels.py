@@ -1,4 +1,4 @@
-"""Triton kernels of fused per-head RMSNorm then RoPE (:mod:`ports.fastrope.qk_norm_rope`).
+"""Triton kernels of fused per-head RMSNorm then RoPE (:mod:`ports.fastrope.qknorm`).
 
 Forward, one program per (token, block of heads), q's head blocks then k's on the grid's second
 axis (one launch for both):

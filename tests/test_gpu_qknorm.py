@@ -4,7 +4,7 @@ inductor (the op alone bitwise equal to eager forward and backward; a small atte
 within fp32 rounding; one compile across sequence lengths),
 CUDA-graph capture, and the weight gradients bitwise equal from run to run.
 
-The checks are tests/test_qk_norm_rope.py's (:func:`check_forward`, :func:`check_backward`),
+The checks are tests/test_qknorm.py's (:func:`check_forward`, :func:`check_backward`),
 which NaN-poison the outputs and check the inputs unchanged.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ports.fastrope.qk_norm_rope import qk_norm_rope
-from test_qk_norm_rope import EPS, Case, _op_args, check_backward, check_forward, make_case
+from ports.fastrope.qknorm import qk_norm_rope
+from test_qknorm import EPS, Case, _op_args, check_backward, check_forward, make_case
 
 pytestmark = pytest.mark.gpu
 
