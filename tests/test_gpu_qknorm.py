@@ -122,8 +122,9 @@ def _counting_inductor(compiles: list):
 
 
 def test_torch_compile_fullgraph_op_bitwise():
-    """The op alone under inductor: forward and all four gradients bitwise equal to eager, one
-    compile for two sequence lengths (dynamic)."""
+    """The op alone under inductor: forward and all four gradients bitwise equal to eager; no
+    compile for a third sequence length (the second may recompile once: dynamo can specialise
+    the first call's sizes even under dynamic=True)."""
     compiles = []
     kw = dict(style="interleaved", rotary_dim=32, gemma=True)
 
@@ -132,7 +133,9 @@ def test_torch_compile_fullgraph_op_bitwise():
 
     compiled = torch.compile(step, fullgraph=True, dynamic=True,
                              backend=_counting_inductor(compiles))
-    for s in (17, 33):
+    for s in (17, 33, 65):
+        if s == 65:
+            before = len(compiles)
         inp = make_case(Case(b=2, s=s, hq=4, hk=2, d=64, rot=32, style="interleaved",
                              gemma=True, dtype="bf16", asymmetric=True))
         args = [inp[n] for n in ("q", "k", "qw", "kw")]
@@ -145,7 +148,7 @@ def test_torch_compile_fullgraph_op_bitwise():
             assert torch.equal(a, b)
         for a, b in zip(torch.autograd.grad(out_c, lc, gs), torch.autograd.grad(out_e, le, gs)):
             assert torch.equal(a, b)
-    assert len(compiles) == 1, f"{len(compiles)} compiles for two sequence lengths"
+    assert len(compiles) == before <= 2, f"{len(compiles)} compiles for three sequence lengths"
 
 
 def test_torch_compile_fullgraph_module():
@@ -162,7 +165,9 @@ def test_torch_compile_fullgraph_module():
     compiled = torch.compile(module, fullgraph=True, dynamic=True,
                              backend=_counting_inductor(compiles))
     cos, sin = rope_tables(64, 64, device="cuda")
-    for s in (17, 33):
+    for s in (17, 33, 65):
+        if s == 65:
+            before = len(compiles)
         x = torch.randn(2, s, 256, device="cuda")
         out_c, out_e = compiled(x, cos, sin), eager(x, cos, sin)
         torch.testing.assert_close(out_c, out_e)
@@ -172,7 +177,7 @@ def test_torch_compile_fullgraph_module():
         for (name, pc), pe in zip(module.named_parameters(), eager.parameters()):
             torch.testing.assert_close(pc.grad, pe.grad, msg=name)
             pc.grad, pe.grad = None, None
-    assert len(compiles) == 1, f"{len(compiles)} compiles for two sequence lengths"
+    assert len(compiles) == before <= 2, f"{len(compiles)} compiles for three sequence lengths"
 
 
 def test_cuda_graph_capture_and_replay():

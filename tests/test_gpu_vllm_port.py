@@ -56,13 +56,15 @@ def _check(got, x, pos, cache, dtype, **kw):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("is_neox", [True, False])
 def test_strided_views_offset_and_inverse(dtype, is_neox):
-    """q ``[T, h, d]`` cut from a wider buffer (token stride and head stride both padded), k
-    ``[T, h_k * d]`` flat with its own token stride; rope_dim_offset 16 and rot_dim 64 in d=128;
-    the gaps are NaN and must stay NaN; the channels outside the rotation stay bit-exact."""
+    """q ``[T, h, d]`` cut from a wider buffer (token stride padded), k ``[T, h_k * d]`` flat
+    with its own token stride (the kernel steps q's and k's heads by one head stride, query's:
+    a k of another head stride is refused: test_vllm_port.py); rope_dim_offset 16
+    and rot_dim 64 in d=128; the gaps are NaN and must stay NaN; the channels outside the
+    rotation stay bit-exact."""
     t, h, hk, d, rot, off = 33, 8, 2, 128, 64, 16
-    qbuf = torch.full((t, h, d + 8), float("nan"), device="cuda", dtype=dtype)
+    qbuf = torch.full((t, h * d + 8), float("nan"), device="cuda", dtype=dtype)
     kbuf = torch.full((t, hk * d + 24), float("nan"), device="cuda", dtype=dtype)
-    q, k = qbuf[..., :d], kbuf[:, :hk * d]
+    q, k = qbuf[:, :h * d].view(t, h, d), kbuf[:, :hk * d]
     q.copy_(torch.randn(t, h, d)), k.copy_(torch.randn(t, hk * d))
     q0, k0 = q.clone(), k.clone()
     pos = torch.randint(0, 2048, (t,), device="cuda")
@@ -76,7 +78,7 @@ def test_strided_views_offset_and_inverse(dtype, is_neox):
         keep = torch.ones(d, dtype=torch.bool, device="cuda")
         keep[off:off + rot] = False
         assert torch.equal(q[..., keep], q0[..., keep])
-        assert torch.isnan(qbuf[..., d:]).all() and torch.isnan(kbuf[:, hk * d:]).all()
+        assert torch.isnan(qbuf[:, h * d:]).all() and torch.isnan(kbuf[:, hk * d:]).all()
 
 
 def test_batch_seq_positions_query_alone_and_a_cache_in_another_dtype():

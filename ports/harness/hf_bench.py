@@ -58,7 +58,7 @@ def _liger():
     return liger_rotary_pos_emb
 
 
-def variants(name: str, *, liger: bool) -> dict[str, Callable | str]:
+def variants(name: str, *, liger: bool, device: torch.device) -> dict[str, Callable | str]:
     """Variant name -> a context manager factory that installs it, or a reason it cannot run."""
     row = hf.family(name)
     found = {"unpatched": contextlib.nullcontext, "fastrope": lambda: hf.patch(name)}
@@ -66,6 +66,8 @@ def variants(name: str, *, liger: bool) -> dict[str, Callable | str]:
         fn = _liger()
         if fn is None:
             found["liger"] = "not installed (pip install liger-kernel)"
+        elif device.type != "cuda":
+            found["liger"] = "unsupported: Liger's rotary is a Triton kernel (CUDA tensors only)"
         elif row.style != "rotate_half" or row.slices or row.name in ("phi", "stablelm"):
             found["liger"] = "unsupported: Liger's rotary is rotate-half at full head width"
         else:
@@ -158,7 +160,7 @@ def bench_family(name: str, args, device) -> list[dict]:
     sizes = SIZES[args.size]
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     model = hf_models.model(name, sizes, dtype=dtype, device=device, attention="sdpa")
-    found = variants(name, liger=args.liger)
+    found = variants(name, liger=args.liger, device=device)
     runnable = [v for v, f in found.items() if not isinstance(f, str)]
     rows = []
     for mode in args.modes:
