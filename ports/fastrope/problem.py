@@ -73,7 +73,7 @@ def heads(x: torch.Tensor, layout: str) -> int:
     return x.shape[1] if layout == "thd" else x.shape[BSH_AXES[layout][2]]
 
 
-def _geometry(x: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
+def geometry(x: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
     """(batch, seqlen, heads, head_dim) of x in ``layout`` (thd: batch 1, seqlen T)."""
     if layout == "thd":
         return 1, x.shape[0], x.shape[1], x.shape[2]
@@ -81,20 +81,25 @@ def _geometry(x: torch.Tensor, layout: str) -> tuple[int, int, int, int]:
     return x.shape[b], x.shape[s], x.shape[h], x.shape[3]
 
 
-def _short(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _check_tensor(x, name: str, layout: str) -> None:
+def check_input(x, name: str, layout: str, api: str) -> None:
+    """x is a tensor of a kernel dtype with ``layout``'s rank (``api`` names the caller)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in KERNEL_TORCH_DTYPES:
-        raise TypeError(f"{name} has dtype {_short(x.dtype)}; apply_rope supports float32, "
+        raise TypeError(f"{name} has dtype {dtype_name(x.dtype)}; {api} supports float32, "
                         "float16 and bfloat16")
     rank = 3 if layout == "thd" else 4
     if x.dim() != rank:
         raise ValueError(f"{name} must be {rank}-D [{DIM_NAMES[layout]}] for layout {layout!r}, "
                          f"got shape {tuple(x.shape)}")
+
+
+def _check_tensor(x, name: str, layout: str) -> None:
+    check_input(x, name, layout, "apply_rope")
     if not x.is_cuda:
         raise ValueError(f"{name} must be a CUDA tensor, got a tensor on {x.device}")
     if x.shape[-1] > 1 and x.stride(-1) != 1:
@@ -106,7 +111,7 @@ def _check_index_tensor(t, name: str, shapes: list[tuple[int, ...]], device) -> 
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in INDEX_DTYPES:
-        raise TypeError(f"{name} must be int32 or int64, got {_short(t.dtype)}")
+        raise TypeError(f"{name} must be int32 or int64, got {dtype_name(t.dtype)}")
     if tuple(t.shape) not in shapes:
         raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))}, got "
                          f"{tuple(t.shape)}")
@@ -126,7 +131,7 @@ def _check_k(q, k, layout: str, batch: int, seqlen: int, head_dim: int) -> None:
         raise TypeError(f"k has dtype {k.dtype} but q has {q.dtype}")
     if k.device != q.device:
         raise ValueError(f"k is on {k.device} but q is on {q.device}")
-    kb, ks, _, kd = _geometry(k, layout)
+    kb, ks, _, kd = geometry(k, layout)
     if (kb, ks, kd) != (batch, seqlen, head_dim):
         raise ValueError(f"k {tuple(k.shape)} and q {tuple(q.shape)} must match in every "
                          f"dimension but heads (layout {layout})")
@@ -154,7 +159,7 @@ def _check_tables(q, cos, sin, rot: int) -> None:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in KERNEL_TORCH_DTYPES:
-            raise TypeError(f"{name} has dtype {_short(t.dtype)}; cos/sin must be float32 "
+            raise TypeError(f"{name} has dtype {dtype_name(t.dtype)}; cos/sin must be float32 "
                             "(recommended), float16 or bfloat16")
         if t.dim() != 2 or t.shape[1] not in (rot, half):
             raise ValueError(f"{name} must be [max_position, rotary_dim={rot}] (or "
@@ -178,7 +183,7 @@ def validate(*, q, k, cos, sin, positions, offsets, cu_seqlens, max_seqlen, styl
     if style not in STYLES:
         raise ValueError(f"unknown style {style!r}; expected one of {STYLES}")
     _check_tensor(q, "q", layout)
-    batch, seqlen, _, head_dim = _geometry(q, layout)
+    batch, seqlen, _, head_dim = geometry(q, layout)
     if k is not None:
         _check_k(q, k, layout, batch, seqlen, head_dim)
     rot = head_dim if rotary_dim is None else rotary_dim

@@ -74,8 +74,9 @@ from torch import Tensor
 
 from ports import _alloc, _triton
 from ports.fastrope import qknorm_kernels as K
+from ports.fastrope.problem import check_input, dtype_name, geometry
 from reference import tables
-from reference.vocabulary import (BSH_AXES, DIM_NAMES, INDEX_DTYPES, KERNEL_TORCH_DTYPES,
+from reference.vocabulary import (BSH_AXES, INDEX_DTYPES, KERNEL_TORCH_DTYPES,
                                   LAYOUTS, STYLES)
 
 NAMESPACE = "fastrope"
@@ -90,10 +91,6 @@ LONG_RUN_MIN_TOKENS = 1024  # that is from this many tokens (64 groups of 16)
 # ptxas gives the forward 64-96 registers and the backward 126, with no spill, on sm_90.
 FORWARD_WARPS = 4
 BACKWARD_WARPS = 4
-
-
-def _short(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 @dataclass(frozen=True)
@@ -115,13 +112,6 @@ class Geometry:
         return self.batch * self.seqlen
 
 
-def _geometry(x: Tensor, layout: str) -> tuple[int, int, int, int]:
-    if layout == "thd":
-        return 1, x.shape[0], x.shape[1], x.shape[2]
-    b, s, h = BSH_AXES[layout]
-    return x.shape[b], x.shape[s], x.shape[h], x.shape[3]
-
-
 def _strides(x: Tensor, layout: str) -> tuple[int, int, int, int]:
     """x's (batch, sequence, head, channel) strides in ``layout`` (thd: batch stride 0)."""
     st = x.stride()
@@ -131,23 +121,11 @@ def _strides(x: Tensor, layout: str) -> tuple[int, int, int, int]:
     return st[b], st[s], st[h], st[3]
 
 
-def _check_x(x, name: str, layout: str) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in KERNEL_TORCH_DTYPES:
-        raise TypeError(f"{name} has dtype {_short(x.dtype)}; qk_norm_rope supports float32, "
-                        "float16 and bfloat16")
-    rank = 3 if layout == "thd" else 4
-    if x.dim() != rank:
-        raise ValueError(f"{name} must be {rank}-D [{DIM_NAMES[layout]}] for layout {layout!r}, "
-                         f"got shape {tuple(x.shape)}")
-
-
 def _check_weight(w, name: str, head_dim: int, device) -> None:
     if not isinstance(w, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
     if w.dtype not in KERNEL_TORCH_DTYPES:
-        raise TypeError(f"{name} has dtype {_short(w.dtype)}; weights must be float32, float16 "
+        raise TypeError(f"{name} has dtype {dtype_name(w.dtype)}; weights must be float32, float16 "
                         "or bfloat16")
     if tuple(w.shape) != (head_dim,):
         raise ValueError(f"{name} must be [head_dim = {head_dim}] (one weight per channel, "
@@ -163,13 +141,13 @@ def validate(*, q, k, q_weight, k_weight, eps, cos, sin, positions, style, layou
         raise ValueError(f"unknown style {style!r}; expected one of {STYLES}")
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
-    _check_x(q, "q", layout)
-    _check_x(k, "k", layout)
+    check_input(q, "q", layout, "qk_norm_rope")
+    check_input(k, "k", layout, "qk_norm_rope")
     if k.dtype != q.dtype:
-        raise TypeError(f"k has dtype {_short(k.dtype)} but q has {_short(q.dtype)}")
+        raise TypeError(f"k has dtype {dtype_name(k.dtype)} but q has {dtype_name(q.dtype)}")
     _triton.check_device(("q", q), ("k", k))
-    batch, seqlen, hq, d = _geometry(q, layout)
-    kb, ks, hk, kd = _geometry(k, layout)
+    batch, seqlen, hq, d = geometry(q, layout)
+    kb, ks, hk, kd = geometry(k, layout)
     if (kb, ks, kd) != (batch, seqlen, d):
         raise ValueError(f"k {tuple(k.shape)} and q {tuple(q.shape)} must match in every "
                          f"dimension but heads (layout {layout})")
@@ -190,7 +168,7 @@ def validate(*, q, k, q_weight, k_weight, eps, cos, sin, positions, style, layou
         if not isinstance(positions, torch.Tensor):
             raise TypeError(f"positions must be a torch.Tensor, got {type(positions).__name__}")
         if positions.dtype not in INDEX_DTYPES:
-            raise TypeError(f"positions must be int32 or int64, got {_short(positions.dtype)}")
+            raise TypeError(f"positions must be int32 or int64, got {dtype_name(positions.dtype)}")
         shapes = [(seqlen,)] if layout == "thd" else [(batch, seqlen), (seqlen,)]
         if tuple(positions.shape) not in shapes:
             raise ValueError(f"positions must have shape {' or '.join(map(str, shapes))}, got "
@@ -205,7 +183,7 @@ def validate(*, q, k, q_weight, k_weight, eps, cos, sin, positions, style, layou
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if t.dtype not in KERNEL_TORCH_DTYPES:
-                raise TypeError(f"{name} has dtype {_short(t.dtype)}; cos/sin must be float32 "
+                raise TypeError(f"{name} has dtype {dtype_name(t.dtype)}; cos/sin must be float32 "
                                 "(recommended), float16 or bfloat16")
             if t.dim() != 2 or t.shape[1] not in (rot, rot // 2) or t.shape[0] == 0:
                 raise ValueError(f"{name} must be [max_position, rotary_dim={rot}] (or "
@@ -332,8 +310,8 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
     dq_out, dk_out = _dense(dq_out, q), _dense(dk_out, k)
     for name, grad, x in (("dq_out", dq_out, q), ("dk_out", dk_out, k)):
         if grad.shape != x.shape or grad.dtype != x.dtype or grad.device != x.device:
-            raise ValueError(f"{name} {tuple(grad.shape)} {_short(grad.dtype)} must match its "
-                             f"input {tuple(x.shape)} {_short(x.dtype)}")
+            raise ValueError(f"{name} {tuple(grad.shape)} {dtype_name(grad.dtype)} must match its "
+                             f"input {tuple(x.shape)} {dtype_name(x.dtype)}")
     dq = _alloc.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = _alloc.empty(k.shape, dtype=k.dtype, device=k.device)
     bq = _block_heads(g.q_heads, g.head_dim, MAX_BLOCK_ELEMENTS_BWD)
