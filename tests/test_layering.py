@@ -5,6 +5,9 @@
 ``__import__``. (b) No file under tools/ imports an underscore-prefixed module or name of the
 package (``ports._cupy``, ``from ports.x import _y``, ``ports.fastrope._z``), nor reaches one by
 attribute (``_cupy._load``, ``canonical._preparer``) on a name it imported from the package.
+(c) The implementations sit below the harness: no module under a family's folder (fastrope's
+included) or reference/ imports ``ports.harness``; benchmarks that time a kernel live in the
+harness.
 """
 from __future__ import annotations
 
@@ -15,7 +18,6 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ("ports", "reference")
-# A known arrow back up, removed on another branch: the coordinator deletes this entry at merge.
 
 
 def _files(*tops):
@@ -118,3 +120,34 @@ def test_tools_imports_are_found(source, found):
 ])
 def test_private_uses_are_found(source, found):
     assert private_uses(ast.parse(source)) == found
+
+
+def harness_imports(tree: ast.AST) -> list[str]:
+    """Where a module imports ports.harness (line: what)."""
+    found = []
+    for node in ast.walk(tree):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+        found += [f"{node.lineno}: {n}" for n in names
+                  if n == "ports.harness" or n.startswith("ports.harness.")
+                  or (isinstance(node, ast.ImportFrom) and n == "ports"
+                      and any(a.name == "harness" for a in node.names))]
+    return found
+
+
+@pytest.mark.parametrize("path", [p for p in _files(*PACKAGE)
+                                  if "harness" not in p.relative_to(ROOT).parts
+                                  and p.relative_to(ROOT).parts[:2] != ("ports", "registry.py")],
+                         ids=_rel)
+def test_the_implementations_never_import_the_harness(path):
+    assert not harness_imports(ast.parse(path.read_text(), str(path)))
+
+
+@pytest.mark.parametrize("source,found", [
+    ("from ports.harness.timing import copy_us", ["1: ports.harness.timing"]),
+    ("import ports.harness", ["1: ports.harness"]),
+    ("from ports import harness", ["1: ports"]),
+    ("from ports import registry", []),
+])
+def test_harness_imports_are_found(source, found):
+    assert harness_imports(ast.parse(source)) == found

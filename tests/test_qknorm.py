@@ -445,7 +445,7 @@ def test_case_builder_hand_checked():
 
 # ---- the benchmark's table and CLI (no GPU needed) -------------------------------------------
 def test_bench_table_and_cli_without_gpu(capsys):
-    from ports.fastrope import qknorm_bench as bench
+    from ports.harness import qknorm_bench as bench
 
     rows = [dict(shape="s", direction="forward", impl="copy", us=10.0, copy_us=10.0),
             dict(shape="s", direction="forward", impl="fused", us=12.5, copy_us=10.0),

@@ -23,7 +23,7 @@ named rules), launcher.py (the packed launch), kernel.py (rope.cu's instantiatio
 ``apply_rotary_pos_emb`` (hf_kernels.py: the same through the ``kernels`` package's mapping;
 hf_models.py: a small random model of each family), qknorm.py the fused per-head RMSNorm
 + RoPE, forward and backward (Triton kernels in qknorm_kernels.py, timed by
-qknorm_bench.py), ablation.py runs the kernel with one idea switched off,
+the harness's qknorm_bench.py), ablation.py runs the kernel with one idea switched off,
 experiment.py is the documented interface the probes under tools/ use (kernel variants as build
 options, fixed plans), canonical.py holds the registry entries. DESIGN.md describes the kernel,
 its plan's rules and the measurement behind each.

@@ -1,6 +1,6 @@
 """Times fused ``qk_norm_rope`` against the unfused pairs, forward and backward, on the GPU.
 
-    python -m ports.fastrope.qknorm_bench [--dtype bf16] [--rep-ms 100] [--shapes NAME..]
+    python -m ports.harness.qknorm_bench [--dtype bf16] [--rep-ms 100] [--shapes NAME..]
                                                 [--set BACKWARD_WARPS=8 ...]
 
 Rows, per shape and direction (every time the median of CUDA-graph replays, in us):
@@ -194,7 +194,7 @@ def _settings(pairs: list[str]) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     from reference.vocabulary import DTYPES
 
-    p = argparse.ArgumentParser(prog="python -m ports.fastrope.qknorm_bench",
+    p = argparse.ArgumentParser(prog="python -m ports.harness.qknorm_bench",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--rep-ms", type=int, default=100, help="timing budget per row (ms)")
