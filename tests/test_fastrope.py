@@ -1054,3 +1054,12 @@ def test_experiment_variants_compile_for_sm90(variant):
         method="ptx")
     text = ptx.decode() if isinstance(ptx, bytes) else ptx
     assert all(f".entry {lowered[n]}" in text for n in names)
+
+
+def test_rotate_spells_out_apply_ropes_keywords_in_order():
+    """run.rotate's keywords after check_positions are ARGUMENT_DEFAULTS, in its order and with
+    its defaults (rotate_planned passes them on by position)."""
+    params = list(inspect.signature(run.rotate).parameters.values())
+    names = [p.name for p in params]
+    tail = params[names.index("check_positions") + 1:]
+    assert [(p.name, p.default) for p in tail] == list(run.ARGUMENT_DEFAULTS.items())

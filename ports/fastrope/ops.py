@@ -1,18 +1,34 @@
 """fastrope as PyTorch custom ops, so that torch.compile, CUDA graphs and tracing see one op.
 
 * ``torch.ops.fastrope.rope``: the out-of-place rotation, returning new contiguous tensors
-  ``[q_out]`` or ``[q_out, k_out]``; ``inverse=True`` rotates by -theta. Its autograd
-  (``register_autograd``) is the same op with ``inverse`` flipped, so it is differentiable any
-  number of times.
+  ``[q_out]`` or ``[q_out, k_out]``; ``inverse=True`` rotates by -theta. Its autograd is the
+  same op with ``inverse`` flipped, so it is differentiable any number of times.
 * ``torch.ops.fastrope.rope_``: the in-place rotation of q (and k), declared as mutating them.
-  PyTorch registers no autograd formula for a mutating op: ``apply_rope_inplace`` calls it only
-  when no gradient is recorded, else ``rope`` and ``Tensor.copy_`` (see api.py).
+  It has no autograd formula: ``apply_rope_inplace`` calls it only when no gradient is
+  recorded, else ``rope`` and ``Tensor.copy_`` (see api.py).
 
 The arguments are ``apply_rope``'s with ``offsets`` split in two: ``offsets`` (a per-sequence
-int tensor, or None) and ``offset`` (one int for all; 0 with positions or an offsets tensor). The implementations are
-:func:`ports.fastrope.run.rotate`, which validates on the host and launches; the fake
-implementations give the outputs' shapes, dtypes and strides without running (shape errors
-surface when the real op runs).
+int tensor, or None) and ``offset`` (one int for all; 0 with positions or an offsets tensor).
+The implementation is :func:`ports.fastrope.run.rotate`, which validates on the host and
+launches; the fake implementations give the outputs' shapes, dtypes and strides without running
+(shape errors surface when the real op runs).
+
+**Why ``torch.library.Library`` and not ``torch.library.custom_op``.** A compiled graph calls
+the op through the dispatcher at every run, so the op's own host cost is paid per call.
+``custom_op`` adds Python kernels at three dispatch keys (autograd, the in-place version bump,
+the backend), each a Python round trip with all 16 arguments; these ops register one Python
+kernel each where they can:
+
+* the backend kernel (``CompositeExplicitAutograd``: every device, so that a CPU tensor gets
+  :func:`run.rotate`'s message rather than the dispatcher's);
+* for ``rope``, an autograd kernel that, for plain tensors with no gradient to record and no
+  dispatch mode or functionalization in the way (a compiled graph's calls), runs the
+  implementation at once instead of re-dispatching; anything else goes the standard way
+  (:class:`_Rotation` below autograd, or a re-dispatch);
+* for ``rope_``, C++'s in-place fallback, with the version counters of q and k bumped by the
+  implementation (what ``custom_op``'s Python kernel at that key does).
+
+``compare.py --overhead`` measures both boundaries.
 """
 from __future__ import annotations
 
@@ -22,6 +38,15 @@ from torch import Tensor
 from ports.fastrope import run
 
 NAMESPACE = "fastrope"
+
+_ARGUMENTS = ("Tensor? cos, Tensor? sin, Tensor? positions, Tensor? offsets, int offset, "
+              "Tensor? cu_seqlens, int? max_seqlen, str style, str layout, int? rotary_dim, "
+              "float base, Tensor? inv_freq, bool check_positions")
+_LIB = torch.library.Library(NAMESPACE, "FRAGMENT")
+_TAGS = (torch.Tag.pt2_compliant_tag,)
+_LIB.define(f"rope(Tensor q, Tensor? k, {_ARGUMENTS}, bool inverse) -> Tensor[]", tags=_TAGS)
+_LIB.define(f"rope_(Tensor(a!) q, Tensor(b!)? k, {_ARGUMENTS}) -> ()", tags=_TAGS)
+_LIB.m.register_ad_inplace_or_view_fallback("rope_")
 
 
 def _offsets(offsets: Tensor | None, offset: int):
@@ -34,12 +59,9 @@ def _inputs(q: Tensor, k: Tensor | None) -> list[Tensor]:
     return [q] if k is None else [q, k]
 
 
-@torch.library.custom_op(f"{NAMESPACE}::rope", mutates_args=())
-def rope(q: Tensor, k: Tensor | None, cos: Tensor | None, sin: Tensor | None,
-         positions: Tensor | None, offsets: Tensor | None, offset: int,
-         cu_seqlens: Tensor | None, max_seqlen: int | None, style: str, layout: str,
-         rotary_dim: int | None, base: float, inv_freq: Tensor | None, check_positions: bool,
-         inverse: bool) -> list[Tensor]:
+# ---- the implementations ------------------------------------------------------------------------
+def _rope(q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, style, layout,
+          rotary_dim, base, inv_freq, check_positions, inverse):
     """q (and k) rotated by theta (``inverse``: -theta) into new contiguous tensors."""
     out = run.rotate(q, k, in_place=False, inverse=inverse, cos=cos, sin=sin,
                      positions=positions, offsets=_offsets(offsets, offset),
@@ -49,48 +71,83 @@ def rope(q: Tensor, k: Tensor | None, cos: Tensor | None, sin: Tensor | None,
     return [out] if k is None else list(out)
 
 
-@rope.register_fake
-def _rope_fake(q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, style, layout,
-               rotary_dim, base, inv_freq, check_positions, inverse):
-    return [torch.empty_like(x, memory_format=torch.contiguous_format) for x in _inputs(q, k)]
-
-
-def _setup_context(ctx, inputs, output):
-    (_, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, style, layout,
-     rotary_dim, base, inv_freq, _, inverse) = inputs
-    ctx.save_for_backward(cos, sin, positions, offsets, cu_seqlens, inv_freq)
-    ctx.scalars = (offset, max_seqlen, style, layout, rotary_dim, base)
-    ctx.inverse, ctx.has_k = inverse, k is not None
-
-
-def _backward(ctx, grads):
-    """dq (and dk): the gradients rotated back (the rotation's transpose is its inverse)."""
-    cos, sin, positions, offsets, cu_seqlens, inv_freq = ctx.saved_tensors
-    offset, max_seqlen, style, layout, rotary_dim, base = ctx.scalars
-    gs = run.dense_gradients(grads[:2] if ctx.has_k else grads[:1])
-    dq, *dk = rope(gs[0], gs[1] if ctx.has_k else None, cos, sin, positions, offsets, offset,
-                   cu_seqlens, max_seqlen, style, layout, rotary_dim, base, inv_freq, False,
-                   not ctx.inverse)
-    return (dq, dk[0] if dk else None) + (None,) * 14
-
-
-rope.register_autograd(_backward, setup_context=_setup_context)
-
-
-@torch.library.custom_op(f"{NAMESPACE}::rope_", mutates_args=("q", "k"))
-def rope_(q: Tensor, k: Tensor | None, cos: Tensor | None, sin: Tensor | None,
-          positions: Tensor | None, offsets: Tensor | None, offset: int,
-          cu_seqlens: Tensor | None, max_seqlen: int | None, style: str, layout: str,
-          rotary_dim: int | None, base: float, inv_freq: Tensor | None,
-          check_positions: bool) -> None:
+def _rope_(q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, style, layout,
+           rotary_dim, base, inv_freq, check_positions):
     """q (and k) rotated by theta in place."""
     run.rotate(q, k, in_place=True, cos=cos, sin=sin, positions=positions,
                offsets=_offsets(offsets, offset), cu_seqlens=cu_seqlens,
                max_seqlen=max_seqlen, style=style, layout=layout, rotary_dim=rotary_dim,
                base=base, inv_freq=inv_freq, check_positions=check_positions)
+    for x in _inputs(q, k):
+        torch.autograd.graph.increment_version(x)
 
 
-@rope_.register_fake
+_LIB.impl("rope", _rope, "CompositeExplicitAutograd")
+_LIB.impl("rope_", _rope_, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake(f"{NAMESPACE}::rope", lib=_LIB)
+def _rope_fake(q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, style, layout,
+               rotary_dim, base, inv_freq, check_positions, inverse):
+    return [torch.empty_like(x, memory_format=torch.contiguous_format) for x in _inputs(q, k)]
+
+
+@torch.library.register_fake(f"{NAMESPACE}::rope_", lib=_LIB)
 def _rope_inplace_fake(q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, style,
                        layout, rotary_dim, base, inv_freq, check_positions):
     return None
+
+
+# ---- autograd of rope ---------------------------------------------------------------------------
+_ROPE = torch.ops.fastrope.rope.default
+
+
+def _plain(x: Tensor | None) -> bool:
+    """Whether the backend kernel may run on ``x`` directly: a plain dense tensor (no subclass,
+    no meta, functional or functorch wrapper)."""
+    return x is None or (type(x) is Tensor and not x.is_meta
+                         and not torch._is_functional_tensor(x)
+                         and not torch._C._functorch.is_functorch_wrapped_tensor(x))
+
+
+class _Rotation(torch.autograd.Function):
+    """``rope`` recorded for autograd; the backward rotates dy back by the same op, inverted."""
+
+    @staticmethod
+    def forward(ctx, q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, style,
+                layout, rotary_dim, base, inv_freq, check_positions, inverse):
+        ctx.save_for_backward(cos, sin, positions, offsets, cu_seqlens, inv_freq)
+        ctx.scalars = (offset, max_seqlen, style, layout, rotary_dim, base)
+        ctx.inverse, ctx.has_k = inverse, k is not None
+        with torch._C._AutoDispatchBelowAutograd():
+            outs = _ROPE(q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen,
+                         style, layout, rotary_dim, base, inv_freq, check_positions, inverse)
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        cos, sin, positions, offsets, cu_seqlens, inv_freq = ctx.saved_tensors
+        offset, max_seqlen, style, layout, rotary_dim, base = ctx.scalars
+        gs = run.dense_gradients(grads[:2] if ctx.has_k else grads[:1])
+        dq, *dk = _ROPE(gs[0], gs[1] if ctx.has_k else None, cos, sin, positions, offsets,
+                        offset, cu_seqlens, max_seqlen, style, layout, rotary_dim, base,
+                        inv_freq, False, not ctx.inverse)
+        return (dq, dk[0] if dk else None) + (None,) * 14
+
+
+def _rope_autograd(q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, style,
+                   layout, rotary_dim, base, inv_freq, check_positions, inverse):
+    """``rope`` at the autograd key: the implementation at once on plain tensors with no dispatch
+    mode active (a compiled graph's calls, no_grad calls), else recorded or re-dispatched."""
+    args = (q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, style, layout,
+            rotary_dim, base, inv_freq, check_positions, inverse)
+    if torch.is_grad_enabled() and (q.requires_grad or (k is not None and k.requires_grad)):
+        return list(_Rotation.apply(*args))
+    if _plain(q) and _plain(k) and not torch._C._len_torch_dispatch_stack():
+        return _rope(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return _ROPE(*args)
+
+
+_LIB.impl("rope", _rope_autograd, "Autograd")
+

@@ -129,16 +129,21 @@ def _capturing(q) -> bool:
 
 
 def rotate(q, k=None, *, in_place: bool, inverse: bool = False, check_positions=True,
-           **arguments):
+           cos=None, sin=None, positions=None, offsets=None, cu_seqlens=None, max_seqlen=None,
+           style="rotate_half", layout="bshd", rotary_dim=None, base=10000.0, inv_freq=None):
     """Rotate q (and k) by theta (``inverse``: by -theta, the backward), without autograd.
 
-    ``arguments`` are ``apply_rope``'s keywords (:data:`ARGUMENT_DEFAULTS`); ``in_place``
-    writes into q and k, else into new contiguous outputs. Returns q's output, or (q's, k's).
-    The position check (``check_positions``) is skipped while the current stream is capturing a
-    CUDA graph: it reads device memory on the host.
+    The keywords after ``check_positions`` are ``apply_rope``'s (:data:`ARGUMENT_DEFAULTS`);
+    ``in_place`` writes into q and k, else into new contiguous outputs. Returns q's output, or
+    (q's, k's). The position check (``check_positions``) is skipped while the current stream is
+    capturing a CUDA graph: it reads device memory on the host.
+
+    This is the per-call path of every eager call and every compiled graph's call, so its
+    parameters are spelled out (no ``**kwargs`` to merge) and it goes straight to
+    :func:`_rotate`.
     """
-    return rotate_planned(DESIGN, q, k, in_place=in_place, inverse=inverse,
-                          check_positions=check_positions, **arguments)
+    return _rotate(DESIGN, q, k, in_place, inverse, check_positions, cos, sin, positions,
+                   offsets, cu_seqlens, max_seqlen, style, layout, rotary_dim, base, inv_freq)
 
 
 def rotate_planned(planner: Planner, q, k=None, *, in_place: bool, inverse: bool = False,
@@ -147,21 +152,32 @@ def rotate_planned(planner: Planner, q, k=None, *, in_place: bool, inverse: bool
     unknown = set(arguments) - set(ARGUMENT_DEFAULTS)
     if unknown:
         raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(unknown))}")
+    arguments = dict(ARGUMENT_DEFAULTS, **arguments)
+    return _rotate(planner, q, k, in_place, inverse, check_positions,
+                   *(arguments[name] for name in ARGUMENT_DEFAULTS))
+
+
+def _rotate(planner: Planner, q, k, in_place, inverse, check_positions, cos, sin, positions,
+            offsets, cu_seqlens, max_seqlen, style, layout, rotary_dim, base, inv_freq):
     if inverse and k is not None and k.numel() and k.data_ptr() == q.data_ptr():
         k = k.clone()  # one gradient for both outputs; q and k must be distinct memory
-    arguments = dict(ARGUMENT_DEFAULTS, **arguments)
-    key = problem.input_key(q=q, k=k, extra=(in_place, inverse), **arguments)
+    key = problem.input_key(q=q, k=k, cos=cos, sin=sin, positions=positions, offsets=offsets,
+                            cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style,
+                            layout=layout, rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
+                            extra=(in_place, inverse))
     entries = planner.entries
     entry = entries.get(key) if key is not None else None
     if entry is None:
-        entry = _remember(entries, key, _Entry(problem.validate(q=q, k=k, **arguments)))
+        entry = _remember(entries, key, _Entry(problem.validate(
+            q=q, k=k, cos=cos, sin=sin, positions=positions, offsets=offsets,
+            cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style, layout=layout,
+            rotary_dim=rotary_dim, base=base, inv_freq=inv_freq)))
     p = entry.problem
-    tensors = {name: arguments[name] for name in ("cos", "positions", "offsets", "cu_seqlens")}
     if check_positions and not (p.check_syncs and _capturing(q)):
-        problem.check_contents(p, **tensors)
-    call = _Call(p, q, cos=arguments["cos"], sin=arguments["sin"],
-                 positions=arguments["positions"], offsets=arguments["offsets"],
-                 cu_seqlens=arguments["cu_seqlens"], inv_freq=arguments["inv_freq"])
+        problem.check_contents(p, cos=cos, positions=positions, offsets=offsets,
+                               cu_seqlens=cu_seqlens)
+    call = _Call(p, q, cos=cos, sin=sin, positions=positions, offsets=offsets,
+                 cu_seqlens=cu_seqlens, inv_freq=inv_freq)
     xs = [q] if k is None else [q, k]
     outs = xs if in_place else _new_outputs(xs)
     launches = entry.launches

@@ -50,6 +50,16 @@ def _git_sha() -> str:
         return "unknown"
 
 
+def driver_version() -> str:
+    """The NVIDIA driver's version, as nvidia-smi reports it ("not recorded" without it)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             text=True, capture_output=True, timeout=10).stdout.split()
+    except Exception:
+        return "not recorded"
+    return out[0] if out else "not recorded"
+
+
 def metadata() -> dict[str, str]:
     """Machine-readable provenance for every result row."""
     gpu = torch.cuda.get_device_name() if has_gpu() else "none (CPU)"

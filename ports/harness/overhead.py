@@ -1,16 +1,31 @@
-"""``compare.py --overhead`` (a benchmark, not a test): the adapter's host time per call on a tiny
-input, next to a bare CuPy RawKernel launch of the same kernel. Needs an NVIDIA GPU.
+"""``compare.py --overhead`` (a benchmark, not a test): host time per call on a tiny input.
+Needs an NVIDIA GPU.
+
+Rows: a port's adapter next to a bare CuPy RawKernel launch of the same kernel; fastrope's direct
+calls, its registered ops through the dispatcher, and compiled calls (``fullgraph``, no CUDA
+graphs) next to a compiled ``t.add_(0)``. Under the table, the ratios fastrope's host cost is
+judged by: the op through the dispatcher over the direct call, and a compiled call minus the
+compiled trivial op.
 
 Host time per call = wall time of N back-to-back calls / N, with the GPU work tiny enough that
-the host, not the GPU, sets the pace (checked: the GPU time per call is printed too).
+the host, not the GPU, sets the pace (checked: the GPU time of one launch is printed too).
+
+    python -m ports.harness.overhead --json results/data/NAME.json --commit SHA
+
+writes the table as a results data file (tools/results_tables.py renders it).
 """
 from __future__ import annotations
 
+import functools
+import statistics
 import time
 
 import torch
 
-CALLS = 20000
+CALLS = 5000
+ROUNDS = 5
+"""Each row is timed in ``ROUNDS`` rounds of ``CALLS`` calls, the rows interleaved round by round
+(so drift on the host spreads over all of them); a row's number is the median round."""
 
 
 def _per_call_us(fn, calls: int = CALLS) -> float:
@@ -24,7 +39,8 @@ def _per_call_us(fn, calls: int = CALLS) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def measure() -> dict[str, float]:
+def _rows() -> dict:
+    """What is timed: label -> a zero-argument call."""
     import numpy as np
 
     from ports import _cupy, leetcuda
@@ -32,61 +48,142 @@ def measure() -> dict[str, float]:
     cp = _cupy.cupy()
     x = torch.randn(4, 64, device="cuda")
     out = torch.empty_like(x)
-    results = {"adapter: leetcuda.rope_f32(x, out)": _per_call_us(lambda: leetcuda.rope_f32(x, out))}
+    rows = {"adapter: leetcuda.rope_f32(x, out)": lambda: leetcuda.rope_f32(x, out)}
 
     raw = cp.RawKernel(leetcuda.MODULE.source, "rope_f32_kernel", options=("--use_fast_math",))
     xc = cp.random.standard_normal((4, 64), dtype=cp.float32)
     oc = cp.empty_like(xc)
     args = (xc, oc, np.int32(4), np.int32(32))
-    results["bare cupy.RawKernel launch"] = _per_call_us(lambda: raw((1,), (256,), args))
+    rows["bare cupy.RawKernel launch"] = lambda: raw((1,), (256,), args)
 
     fn = leetcuda.MODULE.function("rope_f32_kernel", x.get_device())
     stream = _cupy._external_stream(_cupy._current_raw_stream(x.get_device()), x.get_device())
     pargs = (_cupy.ptr(x), _cupy.ptr(out), np.int32(4), np.int32(32))
-    results["cached Function, torch stream, no checks"] = _per_call_us(
-        lambda: fn((1,), (256,), pargs, stream=stream))
+    rows["cached Function, torch stream, no checks"] = lambda: fn((1,), (256,), pargs,
+                                                                  stream=stream)
 
     from ports import fastrope
 
     q = torch.randn(1, 1, 4, 64, device="cuda")
     cos, sin = torch.randn(16, 64, device="cuda"), torch.randn(16, 64, device="cuda")
-    results["fastrope.apply_rope_inplace(q, cos=, sin=)"] = _per_call_us(
-        lambda: fastrope.apply_rope_inplace(q, cos=cos, sin=sin))
-    results["fastrope.apply_rope(q, cos=, sin=) (allocates its output)"] = _per_call_us(
-        lambda: fastrope.apply_rope(q, cos=cos, sin=sin))
-    results["(torch.empty_like(q) alone)"] = _per_call_us(lambda: torch.empty_like(q))
     k = torch.randn(1, 1, 2, 64, device="cuda")
-    results["fastrope.apply_rope_inplace(q, k, computed angles)"] = _per_call_us(
-        lambda: fastrope.apply_rope_inplace(q, k))
+    rows[DIRECT] = lambda: fastrope.apply_rope_inplace(q, cos=cos, sin=sin)
+    rows["fastrope.apply_rope(q, cos=, sin=) (allocates its output)"] = \
+        lambda: fastrope.apply_rope(q, cos=cos, sin=sin)
+    rows["(torch.empty_like(q) alone)"] = lambda: torch.empty_like(q)
+    rows["fastrope.apply_rope_inplace(q, k, computed angles)"] = \
+        lambda: fastrope.apply_rope_inplace(q, k)
 
-    # The registered op through the dispatcher, and the per-call cost under torch.compile.
+    # The registered ops through the dispatcher, and the per-call cost under torch.compile.
     op_args = (None, cos, sin, None, None, 0, None, None, "rotate_half", "bshd", None, 10000.0,
                None, True)
-    results["torch.ops.fastrope.rope_(q, ...) (the op, eager dispatch)"] = _per_call_us(
-        lambda: torch.ops.fastrope.rope_(q, *op_args))
-    compiled_inplace = torch.compile(lambda t: fastrope.apply_rope_inplace(t, cos=cos, sin=sin),
-                                     fullgraph=True)
-    results["compiled fastrope.apply_rope_inplace(q, cos=, sin=) (fullgraph)"] = _per_call_us(
-        lambda: compiled_inplace(q))
-    compiled_rope = torch.compile(lambda t: fastrope.apply_rope(t, cos=cos, sin=sin),
-                                  fullgraph=True)
-    results["compiled fastrope.apply_rope(q, cos=, sin=) (fullgraph)"] = _per_call_us(
-        lambda: compiled_rope(q))
-    compiled_add = torch.compile(lambda t: t.add_(0), fullgraph=True)
-    results["(compiled t.add_(0) alone: a compiled call's own cost)"] = _per_call_us(
-        lambda: compiled_add(q))
+    rows[OP] = lambda: torch.ops.fastrope.rope_(q, *op_args)
+    rows["torch.ops.fastrope.rope(q, ...) (the op, eager dispatch; allocates)"] = \
+        lambda: torch.ops.fastrope.rope(q, *op_args, False)
+    compiled = {
+        COMPILED_INPLACE: lambda t: fastrope.apply_rope_inplace(t, cos=cos, sin=sin),
+        COMPILED: lambda t: fastrope.apply_rope(t, cos=cos, sin=sin),
+        COMPILED_ADD: lambda t: t.add_(0),
+    }
+    for label, f in compiled.items():
+        rows[label] = functools.partial(torch.compile(f, fullgraph=True), q)
+    return rows
 
+
+DIRECT = "fastrope.apply_rope_inplace(q, cos=, sin=)"
+OP = "torch.ops.fastrope.rope_(q, ...) (the op, eager dispatch)"
+COMPILED_INPLACE = "compiled fastrope.apply_rope_inplace(q, cos=, sin=) (fullgraph)"
+COMPILED = "compiled fastrope.apply_rope(q, cos=, sin=) (fullgraph)"
+COMPILED_ADD = "(compiled t.add_(0) alone: a compiled call's own cost)"
+
+
+def measure(rounds: int = ROUNDS) -> dict[str, list[float]]:
+    """label -> the per-call us of each round."""
+    rows = _rows()
+    times: dict[str, list[float]] = {label: [] for label in rows}
+    for _ in range(rounds):
+        for label, fn in rows.items():
+            times[label].append(_per_call_us(fn))
+    return times
+
+
+def ratios(median: dict[str, float]) -> list[tuple[str, str]]:
+    """The host-cost ratios fastrope is judged by: the eager op against the direct call, and a
+    compiled call over a compiled trivial op."""
+    return [
+        ("the op through the dispatcher / the direct call", f"{median[OP] / median[DIRECT]:.2f}x"),
+        ("compiled apply_rope_inplace - compiled t.add_(0)",
+         f"{median[COMPILED_INPLACE] - median[COMPILED_ADD]:+.1f} us"),
+        ("compiled apply_rope - compiled t.add_(0)",
+         f"{median[COMPILED] - median[COMPILED_ADD]:+.1f} us"),
+    ]
+
+
+def _measured() -> tuple[str, list[list[str]]]:
+    """(title, rows of [what, median us, rounds' range])."""
     from ports.harness.timing import median_us
 
-    results["(GPU time of one launch)"] = median_us(lambda: leetcuda.rope_f32(x, out))
-    return results
+    times = measure()
+    median = {label: statistics.median(v) for label, v in times.items()}
+    rows = [[label, f"{median[label]:.1f}", f"{min(v):.1f}-{max(v):.1f}"]
+            for label, v in times.items()]
+    rows += [[what, value, ""] for what, value in ratios(median)]
+    from ports import leetcuda
+
+    x = torch.randn(4, 64, device="cuda")
+    out = torch.empty_like(x)
+    rows.append(["(GPU time of one leetcuda launch)",
+                 f"{median_us(lambda: leetcuda.rope_f32(x, out)):.1f}", ""])
+    title = (f"host time per call, tiny input (q[1, 1, 4, 64] fp32), "
+             f"{torch.cuda.get_device_name()}: median of {ROUNDS} interleaved rounds of "
+             f"{CALLS} calls")
+    return title, rows
+
+
+COLUMNS = ["what", "us per call", "rounds' range"]
 
 
 def table() -> str:
     """The measured host times as a titled table."""
+    title, rows = _measured()
+    return table_from({"context": title, "columns": COLUMNS, "rows": rows})
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    from ports.harness import env
+
+    parser = argparse.ArgumentParser(prog="python -m ports.harness.overhead",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--json", required=True, help="write the table as a results data file")
+    parser.add_argument("--commit", default=None,
+                        help="the commit measured (default: the checkout's)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.exit(3, "the host-overhead benchmark needs an NVIDIA GPU\n")
+    title, rows = _measured()
+    meta = env.metadata()
+    data = {"command": "python -m ports.harness.overhead --json " + args.json,
+            "commit": args.commit or meta["git_sha"], "gpu": meta["gpu"],
+            "driver": env.driver_version(),
+            "versions": {k: meta[k] for k in ("torch", "triton", "cupy", "python")},
+            "date": meta["timestamp"][:10], "section": "host cost", "context": title,
+            "columns": COLUMNS, "rows": rows}
+    with open(args.json, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
+    print(table_from(data))
+    return 0
+
+
+def table_from(data: dict) -> str:
     from tabulate import tabulate
 
-    rows = [[k, f"{v:.1f}"] for k, v in measure().items()]
-    return (f"## host time per call, tiny input (x[4, 64] fp32), {torch.cuda.get_device_name()}\n"
-            + tabulate(rows, headers=["what", "us per call"], tablefmt="github",
-                       disable_numparse=True))
+    return f"## {data['context']}\n" + tabulate(data["rows"], headers=data["columns"],
+                                                tablefmt="github", disable_numparse=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
