@@ -4,8 +4,8 @@ bit (torch.equal), forward (q, k) and backward (dq, dk from a random dy).
 
 Run under torchrun from the repository root::
 
-    torchrun --standalone --nproc_per_node=2 tests/_cp_worker.py --backend nccl  # fastrope, a GPU per rank
-    torchrun --standalone --nproc_per_node=2 tests/_cp_worker.py --backend gloo  # CPU, the reference
+    torchrun --standalone --nproc_per_node=2 tests/_cp_worker.py --backend nccl  # 2 GPUs
+    torchrun --standalone --nproc_per_node=2 tests/_cp_worker.py --backend gloo  # the CPU
 
 ``nccl`` rotates with ``ports.fastrope.apply_rope``; ``gloo`` with the float64 reference rotation
 (reference.oracle), rounded to the inputs' dtype, so the plumbing runs on a machine without a
@@ -31,6 +31,7 @@ import torch.distributed as dist
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from ports.fastrope import apply_rope
 from ports.fastrope.context_parallel import SCHEMES, ContextSplit
 from reference.case import RopeCase, RopeInputs, make_inputs
 from reference.oracle import rope_oracle
@@ -62,6 +63,7 @@ def make_case(layout: str, dtype: str, world_size: int, scale: int) -> RopeCase:
 
 def split_for(case: RopeCase, inputs: RopeInputs, scheme: str, world_size: int,
               device) -> ContextSplit:
+    """The split of the case's sequences (thd: by make_inputs' cu_seqlens)."""
     if case.layout == "thd":
         return ContextSplit(world_size=world_size, scheme=scheme, layout="thd",
                             cu_seqlens=inputs.cu_seqlens, device=device)
@@ -84,7 +86,6 @@ def rotate_reference(q, k, case: RopeCase, cos, sin, *, positions, cu_seqlens=No
 
 def rotate_fastrope(q, k, case: RopeCase, cos, sin, **arguments):
     """fastrope's rotation of q and k (``arguments``: positions, cu_seqlens, max_seqlen)."""
-    from ports.fastrope import apply_rope  # CuPy: only where the GPU backend runs
     return apply_rope(q, k, cos=cos, sin=sin, layout=case.layout, style=case.style, **arguments)
 
 
@@ -105,13 +106,6 @@ def rotate_with_grads(rotate, q, k, dy, case, cos, sin, arguments):
     return tuple(t.detach().contiguous() for t in (*out, *grads))
 
 
-def gather(local: torch.Tensor, world_size: int) -> list[torch.Tensor]:
-    """Every rank's ``local`` (equal shapes), into NaN-poisoned buffers."""
-    shards = [torch.full_like(local, float("nan")) for _ in range(world_size)]
-    dist.all_gather(shards, local)
-    return shards
-
-
 def run_case(backend, scheme, case, rank, world_size, device, seed) -> tuple[str, bool]:
     """One case on this rank: (a line for the log, whether all four tensors are equal)."""
     rotate = rotate_reference if backend == "gloo" else rotate_fastrope
@@ -129,10 +123,11 @@ def run_case(backend, scheme, case, rank, world_size, device, seed) -> tuple[str
                               mine.rope_arguments())
     verdicts = []
     for name, part, ref in zip(("q", "k", "dq", "dk"), local, whole):
-        gathered = split.unshard(gather(part, world_size))
+        poisoned = [torch.full_like(part, float("nan")) for _ in range(world_size)]
+        gathered = split.all_gather(part, buffers=poisoned)
         same = torch.equal(gathered, ref)
-        worst = "" if same else f" (max |diff| {(gathered.double() - ref.double()).abs().max():.3g})"
-        verdicts.append((same, f"{name} {'equal' if same else 'DIFFERS'}{worst}"))
+        diff = "" if same else f" (max |diff| {(gathered.double() - ref).abs().max():.3g})"
+        verdicts.append((same, f"{name} {'equal' if same else 'DIFFERS'}{diff}"))
     ok = all(same for same, _ in verdicts)
     line = (f"{scheme:10s} {case.layout} {case.dtype} {case.style:11s} "
             f"{'x'.join(map(str, q.shape))}: " + ", ".join(text for _, text in verdicts))

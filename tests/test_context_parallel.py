@@ -16,6 +16,7 @@ import sys
 
 import pytest
 import torch
+import torch.distributed as dist
 from _cp_worker import (ROOT, make_case, rotate_reference, rotate_with_grads, split_for,
                         torchrun_command, whole_arguments)
 
@@ -229,11 +230,40 @@ def test_bad_rank_and_tensors_raise():
         split.unshard(shards[:1])
     with pytest.raises(ValueError, match="got a tensor"):
         split.unshard(torch.cat(shards, 1))
-    with pytest.raises(ValueError, match=r"shard 1 must have 4 tokens along axis 1, got shape "
-                                         r"\(1, 8, 2, 4\)"):
+    with pytest.raises(ValueError, match=r"shard 1 must be 4-D \[b, s, h, d\] with 4 tokens "
+                                         r"along axis 1, got shape \(1, 8, 2, 4\)"):
         split.unshard([shards[0], x])
+    with pytest.raises(ValueError, match=r"got shape \(4, 2, 4\)"):
+        split.unshard([shards[0], shards[1][0]])
     with pytest.raises(ValueError, match=r"positions must be \[s\] or \[b, s\] with 8 tokens"):
         split.shard_positions(torch.arange(6), 0)
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A torch.distributed group of this process alone (gloo), destroyed after the test."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0,
+                            world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_all_gather_on_one_rank(one_rank_group):
+    split = ContextSplit(world_size=1, scheme="zigzag", layout="thd", cu_seqlens=CU_SEQLENS)
+    x = _whole(split, "thd")
+    assert torch.equal(split.all_gather(split.shard(x, 0)), x)
+    buffers = [torch.full_like(x, float("nan"))]
+    assert torch.equal(split.all_gather(x, buffers=buffers), x)
+    assert torch.equal(buffers[0], x)  # received into the caller's buffer
+    with pytest.raises(ValueError, match=r"buffers must be 1 contiguous tensors of local's "
+                                         r"shape \(48, 2, 4\), dtype and device"):
+        split.all_gather(x, buffers=[x.double()])
+    with pytest.raises(TypeError, match="local must be a torch.Tensor, got list"):
+        split.all_gather([x])
+    two = ContextSplit(world_size=2, scheme="zigzag", layout="thd", cu_seqlens=CU_SEQLENS)
+    with pytest.raises(ValueError, match="the process group has 1 ranks but the split has "
+                                         "world_size 2"):
+        two.all_gather(two.shard(x, 0))
 
 
 # ---- the distributed worker on the CPU -------------------------------------------------------

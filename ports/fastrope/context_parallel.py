@@ -40,12 +40,12 @@ Example (on each rank; ``q``, ``k`` the whole batch)::
     q_r, k_r = split.shard(q, rank), split.shard(k, rank)
     q_r, k_r = apply_rope(q_r, k_r, cos=cos, sin=sin, layout="thd", **mine.rope_arguments())
     # ... attention over the shards ...; to reassemble a tensor from every rank's shard:
-    whole = split.unshard(shards)  # shards[r]: rank r's, e.g. from all_gather
+    whole = split.all_gather(out_r)  # or split.unshard(shards), shards[r] being rank r's
 
 The positions are the tokens' places in their sequence (0 at each sequence's start). A caller
 whose whole batch has its own position ids shards them with :meth:`ContextSplit.shard_positions`
 and passes those instead. Plain torch: nothing here launches a kernel, so the splits run (and are
-tested) on any device.
+tested) on any device; :meth:`ContextSplit.all_gather` is the one collective.
 """
 from __future__ import annotations
 
@@ -232,15 +232,45 @@ class ContextSplit:
         for r, s in enumerate(shards):
             if not isinstance(s, torch.Tensor):
                 raise TypeError(f"shard {r} must be a torch.Tensor, got {type(s).__name__}")
-            n = self.rank_shard(r).index.numel()
-            if s.dim() <= self.axis or s.shape[self.axis] != n:
-                raise ValueError(f"shard {r} must have {n} tokens along axis {self.axis}, got "
-                                 f"shape {tuple(s.shape)}")
+            n, dims = self.rank_shard(r).index.numel(), 3 if self.layout == "thd" else 4
+            if s.dim() != dims or s.shape[self.axis] != n:
+                raise ValueError(f"shard {r} must be {dims}-D [{DIM_NAMES[self.layout]}] with "
+                                 f"{n} tokens along axis {self.axis}, got shape "
+                                 f"{tuple(s.shape)}")
         if self._inverse is None:
             order = torch.cat([self.rank_shard(r).index.cpu() for r in range(self.world_size)])
             self._inverse = torch.argsort(order)
         cat = torch.cat(list(shards), self.axis)
         return cat.index_select(self.axis, self._inverse.to(cat.device))
+
+    def all_gather(self, local: torch.Tensor, *, group=None,
+                   buffers: Sequence[torch.Tensor] | None = None) -> torch.Tensor:
+        """The whole tensor, on every rank, from each rank's ``local`` shard: torch.distributed's
+        ``all_gather`` over ``group`` (initialised, ``world_size`` ranks, this split's rank
+        order), then :meth:`unshard`. Not differentiable (a collective's backward is the
+        caller's design: a reduce-scatter, or none).
+
+        ``buffers``: ``world_size`` tensors shaped like ``local`` to receive the shards (reused
+        across calls, or poisoned by a test); new ones by default.
+        """
+        import torch.distributed as dist  # only callers that gather need it initialised
+
+        if not isinstance(local, torch.Tensor):
+            raise TypeError(f"local must be a torch.Tensor, got {type(local).__name__}")
+        ranks = dist.get_world_size(group)
+        if ranks != self.world_size:
+            raise ValueError(f"the process group has {ranks} ranks but the split has "
+                             f"world_size {self.world_size}")
+        if buffers is None:
+            buffers = [torch.empty_like(local, memory_format=torch.contiguous_format)
+                       for _ in range(ranks)]
+        elif len(buffers) != ranks or any(
+                b.shape != local.shape or b.dtype != local.dtype or b.device != local.device
+                or not b.is_contiguous() for b in buffers):
+            raise ValueError(f"buffers must be {ranks} contiguous tensors of local's shape "
+                             f"{tuple(local.shape)}, dtype and device")
+        dist.all_gather(list(buffers), local.contiguous(), group=group)
+        return self.unshard(buffers)
 
 
 def _read_bounds(cu_seqlens) -> list[int]:
