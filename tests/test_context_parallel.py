@@ -4,9 +4,9 @@ The splits by hand on small examples (Megatron's and TE's zigzag order); shard/u
 trips for every layout, scheme and a few world sizes; each shard's positions against the global
 positions make_inputs draws; the float64 reference rotation of the shards, reassembled, equal to
 the whole batch's bit for bit, forward and backward (and unequal when a shard is given the other
-split's positions: TE's thd bug, which assumed zigzag); clear errors; and the distributed worker
-(tests/_cp_worker.py) on 2 processes with gloo. The same worker on 2 GPUs with NCCL and fastrope:
-tests/test_gpu_context_parallel.py.
+split's positions: TE's thd bug, which assumed zigzag); clear errors; all_gather on a one-rank
+group; and the distributed worker (tests/_cp_worker.py) on 2 processes with gloo. The same
+worker on 2 GPUs with NCCL and fastrope: tests/test_gpu_context_parallel.py.
 """
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ Each rank holds some of every sequence's tokens and rotates them with
 :func:`ports.fastrope.apply_rope`, passing the global positions of those tokens (and, for thd,
 the local ``cu_seqlens``). RoPE rotates every token by its own position alone, so the shards,
 gathered and put back in order, equal the rotation of the whole sequence: bit for bit, as each
-token's element meets the same table row and the same arithmetic.
+token's elements meet the same table row (or computed angle) and the same arithmetic
+(tests/test_gpu_context_parallel.py checks it on 2 GPUs with given tables, forward and backward).
 
 Two splits, both along the token axis (bshd/bhsd: the sequence axis, sbhd: axis 0, thd: each
 packed sequence on its own):
@@ -39,12 +40,14 @@ Example (on each rank; ``q``, ``k`` the whole batch)::
     mine = split.rank_shard(rank)
     q_r, k_r = split.shard(q, rank), split.shard(k, rank)
     q_r, k_r = apply_rope(q_r, k_r, cos=cos, sin=sin, layout="thd", **mine.rope_arguments())
-    # ... attention over the shards ...; to reassemble a tensor from every rank's shard:
-    whole = split.all_gather(out_r)  # or split.unshard(shards), shards[r] being rank r's
+    # ... attention over the shards; a tensor whole again, on every rank, from each one's shard:
+    q_whole = split.all_gather(q_r)  # or split.unshard(shards), shards[r] being rank r's
 
 The positions are the tokens' places in their sequence (0 at each sequence's start). A caller
 whose whole batch has its own position ids shards them with :meth:`ContextSplit.shard_positions`
-and passes those instead. Plain torch: nothing here launches a kernel, so the splits run (and are
+and passes those instead; one with per-sequence offsets adds them (dense:
+``offsets[:, None] + mine.positions``, ``[b, s_local]``), as apply_rope takes positions or
+offsets, not both. Plain torch: nothing here launches a kernel, so the splits run (and are
 tested) on any device; :meth:`ContextSplit.all_gather` is the one collective.
 """
 from __future__ import annotations
