@@ -25,8 +25,9 @@ hf_models.py: a small random model of each family), qknorm.py the fused per-head
 + RoPE, forward and backward (Triton kernels in qknorm_kernels.py, timed by
 the harness's qknorm_bench.py), ablation.py runs the kernel with one idea switched off,
 experiment.py is the documented interface the probes under tools/ use (kernel variants as build
-options, fixed plans), canonical.py holds the registry entries. DESIGN.md describes the kernel,
-its plan's rules and the measurement behind each.
+options, fixed plans), canonical.py holds the registry entries, context_parallel.py splits
+sequences across ranks (contiguous or zigzag shards, each with its tokens' positions). DESIGN.md
+describes the kernel, its plan's rules and the measurement behind each.
 """
 from __future__ import annotations
 
