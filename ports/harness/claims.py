@@ -5,7 +5,8 @@ for the same experiment on the current GPU, and a verdict. Claims are speed-up r
 gains (ratio - 1) because the GPUs differ (:mod:`ports.harness.verdicts`: the claimed range
 widened by 25% of each end); a claim is *not reproducible here* when an implementation it needs
 is missing or cannot run (the reason is given). The serving frameworks' published claims (FlashInfer, vLLM,
-SGLang pull requests) follow the seeds' rows: :mod:`ports.harness.published_claims`.
+SGLang pull requests, judged from CUDA-graph replay times) follow the seeds' rows:
+:mod:`ports.harness.published_claims`.
 """
 from __future__ import annotations
 
