@@ -37,15 +37,15 @@ Departures (each refuses an input the original mishandles, unless marked "kernel
   original loads a whole vector and, for a row's last thread, reads past the row: past the cache
   on its last row);
 * kernel: the cache kernels take the cache's row count and give a token whose position lies
-  outside the cache NaN cos/sin instead of reading past it (reached only inside a CUDA-graph
-  capture; elsewhere the host refuses such positions first, below);
+  outside the cache NaN cos/sin instead of reading past it (reached when the host check below
+  is skipped or cannot run, inside a CUDA-graph capture; else the host refuses such positions);
 * kernel: the indptr kernel takes nnz and leaves a segment whose bounds fall outside
   ``[0, nnz]`` or decrease unwritten instead of reading and writing outside q and k (reached
-  only inside a CUDA-graph capture; elsewhere the host refuses such an indptr first, below);
+  when the host check below is skipped or inside a capture; else the host refuses such indptr);
 * positions (cache path) must lie in ``[0, max_pos)`` (the original reads past the cache): the
   host reads their range (``aminmax`` and a copy to the host); ``indptr`` must rise within
-  ``[0, nnz]``: read on the host. Each read is a device sync the original does not have (tens of
-  microseconds, more than a decode step's kernel), so each is optional: keyword-only
+  ``[0, nnz]``: read on the host. Each read is a device sync the original does not have (the
+  call waits for the stream's queued work), so each is optional: keyword-only
   ``check_positions_on_host`` / ``check_indptr_on_host`` (default True; False makes the call
   the original's work, for trusted indices). Skipped, or during a CUDA-graph capture (where
   no value can be read), the kernel bounds above apply instead. The registry rows check once
