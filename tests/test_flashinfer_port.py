@@ -191,6 +191,73 @@ def test_int32_positions_with_a_huge_cache_are_refused():
     _launch.check_row_offset(2**25 + 1, 128, torch.int64)
 
 
+def test_host_index_checks_can_be_skipped():
+    """The positions' range and indptr are read on the host (a sync the original does not have)
+    unless the caller skips it: the bad index then reaches the device check, not the range
+    check (on a GPU the kernels' own bounds take it)."""
+    q, k = _qk()
+    bad_positions = torch.tensor([0, 1, 2, 3, 4, 16])
+    bad_indptr, offsets = torch.tensor([0, 4, 7]), torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        fi.apply_rope_with_cos_sin_cache(bad_positions, q.flatten(1), k.flatten(1), 128, _cache(),
+                                         check_positions_on_host=False)
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        fi.apply_rope_with_cos_sin_cache_inplace(bad_positions, q.flatten(1), k.flatten(1), 128,
+                                                 _cache(), check_positions_on_host=False)
+    for fn in (fi.apply_rope, fi.apply_rope_inplace, fi.apply_llama31_rope,
+               fi.apply_llama31_rope_inplace):
+        with pytest.raises(ValueError, match="CUDA tensor"):
+            fn(q, k, bad_indptr, offsets, check_indptr_on_host=False)
+        with pytest.raises(ValueError, match="must rise within"):
+            fn(q, k, bad_indptr, offsets)
+
+
+def test_index_checks_name_the_range():
+    _launch.check_positions(torch.tensor([0, 15]), 16)
+    _launch.check_positions(torch.zeros(0, dtype=torch.int64), 16)
+    for bad in ([0, 16], [-1, 3]):
+        with pytest.raises(ValueError, match=r"valid positions are 0\.\.15"):
+            _launch.check_positions(torch.tensor(bad), 16)
+    _launch.check_indptr(torch.tensor([0, 2, 2, 6]), 6)
+    for bad in ([0, 4, 2, 6], [-1, 6], [0, 7]):
+        with pytest.raises(ValueError, match=r"rise within \[0, nnz = 6\]"):
+            _launch.check_indptr(torch.tensor(bad), 6)
+
+
+# (row, the API function it calls, where q sits among that function's arguments, the flag, the
+# check the row runs instead)
+ROW_CHECKS = [
+    ("flashinfer_port.cos_sin_cache", "apply_rope_with_cos_sin_cache", 1,
+     "check_positions_on_host", "check_positions"),
+    ("flashinfer_port.cos_sin_cache_inplace", "apply_rope_with_cos_sin_cache_inplace", 1,
+     "check_positions_on_host", "check_positions"),
+    ("flashinfer_port.apply_rope", "apply_rope", 0, "check_indptr_on_host", "check_indptr"),
+    ("flashinfer_port.apply_rope_inplace", "apply_rope_inplace", 0, "check_indptr_on_host",
+     "check_indptr"),
+]
+
+
+@pytest.mark.parametrize("name, api, q_arg, flag, check", ROW_CHECKS)
+def test_rows_check_indices_once_and_time_the_original_work(monkeypatch, name, api, q_arg, flag,
+                                                            check):
+    """A row reads its indices once while building its call; the timed call passes the flag
+    that skips the port's sync, so it does what the original does."""
+    from reference.case import make_inputs
+
+    case = RopeCase(2, 8, 4, 64, kv_heads=2, dtype="bf16")
+    inputs = make_inputs(case, 0, torch.device("cpu"))
+    calls, checked = [], []
+    monkeypatch.setattr(fi, api, lambda *a, **kw: calls.append(kw) or a[q_arg:q_arg + 2])
+    real = getattr(_launch, check)
+    monkeypatch.setattr(f"ports.flashinfer_port.canonical.{check}",
+                        lambda *a: checked.append(a) or real(*a))
+    fn = registry.get(name).prepare(case, inputs)
+    assert len(checked) == 1  # once, while preparing
+    fn()
+    fn()
+    assert len(checked) == 1 and [kw[flag] for kw in calls] == [False, False]
+
+
 # ---- registry ---------------------------------------------------------------------------------
 def test_rows_are_registered_apart_from_the_peer():
     ports = [s for s in registry.select(["flashinfer_port"])]

@@ -302,6 +302,35 @@ def test_indptr_under_cuda_graph_capture():
     assert not torch.isnan(q_out[:3]).any()
 
 
+def test_skipped_host_checks_leave_the_kernel_bounds():
+    """``check_positions_on_host=False`` / ``check_indptr_on_host=False`` (the original's work, no
+    sync): a position past the cache gives its token NaN, a segment past nnz stays unwritten
+    (poisoned); the other tokens are rotated as with the checks."""
+    rows = 64
+    ang = angles(torch.arange(rows), inv_freq(128))
+    cache = torch.cat([torch.cos(ang), torch.sin(ang)], -1).float().cuda()
+    q, k = _qk(8, hq=4, hk=2)
+    pos = torch.arange(8, device="cuda") * 7
+    pos[-1] = rows  # one past the cache
+    with pytest.raises(ValueError, match="positions span"):
+        fi.apply_rope_with_cos_sin_cache(pos, q, k, 128, cache)
+    q_out, k_out = fi.apply_rope_with_cos_sin_cache(pos, q, k, 128, cache,
+                                                    check_positions_on_host=False)
+    torch.cuda.synchronize()
+    assert torch.isnan(q_out[-1]).all() and torch.isnan(k_out[-1]).all()
+    _check(q_out[:-1], q[:-1], inv_freq(128), pos[:-1].cpu(), "rotate_half", 128,
+           fast_math=False)
+    indptr = torch.tensor([0, 3, 9], device="cuda")  # the second segment ends past nnz = 8
+    offsets = torch.tensor([0, 100], device="cuda")
+    with pytest.raises(ValueError, match="must rise within"):
+        fi.apply_rope(q, k, indptr, offsets)
+    with _alloc.poisoned():
+        q_out, k_out = fi.apply_rope(q, k, indptr, offsets, check_indptr_on_host=False)
+    torch.cuda.synchronize()
+    assert torch.isnan(q_out[3:]).all() and torch.isnan(k_out[3:]).all()
+    _check(q_out[:3], q[:3], inv_freq(128), torch.arange(3), "rotate_half", 128)
+
+
 def test_offsets_more_than_2_31():
     """q of 2^31 + 32 * 128 elements (524289 tokens x 32 heads x 128, bf16, 4.3 GB), rotated in
     place: the last token's offset is past int32, which size_t strides hold. The last tokens are

@@ -100,3 +100,59 @@ def test_an_experiment_that_raises_is_a_row_not_a_crash(monkeypatch):
     (row,) = pc.measure(claims.Claim)
     assert row.seed == "somewhere PR 1" and "RuntimeError: kernel fault" in row.measured
     assert row.verdict == pc.NOT_REPRODUCIBLE
+
+
+def _fake_runner(monkeypatch, times: dict[str, tuple[float | None, float | None]]):
+    """``run_case`` answering ``(event us, graph us)`` per row, and recording its ``graph`` flag."""
+    from ports import registry
+    from ports.harness import runner
+    from ports.harness.result import CaseReport, Result
+
+    asked = []
+
+    def run_case(case, specs, *, graph=False, **kw):
+        asked.append(graph)
+        (spec,) = specs
+        event, replay = times[spec.name]
+        result = Result(spec.name, spec.family, spec.kind, "ok", median_us=event, graph_us=replay)
+        return CaseReport(case, [result], None, None)
+
+    monkeypatch.setattr(runner, "run_case", run_case)
+    monkeypatch.setattr(registry, "get", lambda name: _Spec(name))
+    return asked
+
+
+class _Spec:
+    def __init__(self, name):
+        self.name, self.family, self.kind = name, name.split(".")[0], "port"
+
+
+def test_bandwidth_is_judged_from_graph_times(monkeypatch):
+    # An event time twice the graph time (a per-call sync) must not decide the verdict.
+    case = pc.flashinfer_pr619_cases()[0][0]  # 19 x 1024: 2709 GB/s at 147 us
+    asked = _fake_runner(monkeypatch, {"fi.row": (294.0, 147.0)})
+    measured, verdict = pc._bandwidth([(case, "fi.row")], 2390.0, 2710.0)
+    assert asked == [True]
+    assert verdict == "holds" and "2.71 TB/s (147 us graph)" in measured
+
+
+def test_ratio_is_judged_from_graph_times(monkeypatch):
+    # Made-up times of the shape seen at 1k tokens: the fast row's event time is inflated by a
+    # per-call host sync (here to above the slow row's), its graph time is half the slow row's.
+    case = RopeCase(1, 1024, 32, 128, kv_heads=8, dtype="bf16")
+    _fake_runner(monkeypatch, {"vllm.row": (80.0, 40.0), "fi.row": (135.0, 20.0)})
+    measured, verdict = pc._ratio([(case, case)], "vllm.row", "fi.row", 2.0)
+    assert verdict == "holds" and "2.00-2.00x" in measured and "20.0 vs 40.0 us" in measured
+    _fake_runner(monkeypatch, {"vllm.row": (40.0, 40.0), "fi.row": (20.0, 40.0)})
+    assert pc._ratio([(case, case)], "vllm.row", "fi.row", 2.0)[1].startswith("does not hold")
+
+
+def test_a_row_without_a_graph_time_is_not_reproducible(monkeypatch):
+    _fake_runner(monkeypatch, {"fi.row": (100.0, None)})
+    measured, verdict = pc._bandwidth([(TINY, "fi.row")], 1.0, 2.0)
+    assert "no CUDA-graph time" in measured and verdict.startswith(pc.NOT_REPRODUCIBLE)
+
+
+def test_every_claim_says_which_time_it_uses():
+    assert all(pc.TIMES in claim.text for claim in pc.CLAIMS)
+    assert "graph" in pc.TIMES

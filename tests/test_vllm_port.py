@@ -138,3 +138,18 @@ def test_registry_row():
     assert spec.unsupported_reason(base.replace(direction="backward")) == "no backward"
     assert "no v" in spec.unsupported_reason(base.replace(with_v=True))
     assert "not accepted" in spec.unsupported_reason(base.replace(cos_sin_dtype="fp64"))
+
+
+def test_registry_row_checks_positions_once_and_times_the_original_work(monkeypatch):
+    """The row reads the positions' range once while building its call; the timed call skips
+    the port's sync (``check_positions_on_host=False``), as the original has none."""
+    case = RopeCase(2, 8, 4, 32, kv_heads=2)
+    calls, checked = [], []
+    monkeypatch.setattr(vllm_port, "rotary_embedding", lambda *a, **kw: calls.append(kw))
+    monkeypatch.setattr(vllm_port, "check_positions", lambda *a: checked.append(a))
+    fn = registry.get("vllm_port.rotary_embedding").prepare(case, make_inputs(case, 0))
+    assert len(checked) == 1
+    fn()
+    fn()
+    assert len(checked) == 1
+    assert [kw["check_positions_on_host"] for kw in calls] == [False, False]

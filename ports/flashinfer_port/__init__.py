@@ -37,15 +37,19 @@ Departures (each refuses an input the original mishandles, unless marked "kernel
   original loads a whole vector and, for a row's last thread, reads past the row: past the cache
   on its last row);
 * kernel: the cache kernels take the cache's row count and give a token whose position lies
-  outside the cache NaN cos/sin instead of reading past it (reached only inside a CUDA-graph
-  capture; elsewhere the host refuses such positions first, below);
+  outside the cache NaN cos/sin instead of reading past it (reached when the host check below
+  is skipped or cannot run, inside a CUDA-graph capture; else the host refuses such positions);
 * kernel: the indptr kernel takes nnz and leaves a segment whose bounds fall outside
   ``[0, nnz]`` or decrease unwritten instead of reading and writing outside q and k (reached
-  only inside a CUDA-graph capture; elsewhere the host refuses such an indptr first, below);
+  when the host check below is skipped or inside a capture; else the host refuses such indptr);
 * positions (cache path) must lie in ``[0, max_pos)`` (the original reads past the cache): the
-  host reads their range (``aminmax`` and a sync the original does not have); ``indptr`` must
-  rise within ``[0, nnz]``: read on the host (a sync). Neither is read during a CUDA-graph
-  capture, where the kernel bounds above apply instead;
+  host reads their range (``aminmax`` and a copy to the host); ``indptr`` must rise within
+  ``[0, nnz]``: read on the host. Each read is a device sync the original does not have (the
+  call waits for the stream's queued work), so each is optional: keyword-only
+  ``check_positions_on_host`` / ``check_indptr_on_host`` (default True; False makes the call
+  the original's work, for trusted indices). Skipped, or during a CUDA-graph capture (where
+  no value can be read), the kernel bounds above apply instead. The registry rows check once
+  when they build their inputs and time the call without the sync;
 * ``pos_ids`` must have one entry per token, ``indptr`` ``batch_size + 1`` entries, all index
   tensors contiguous int32/int64 (the original reads as many as it needs);
 * ``rotary_dim`` in ``(0, head_dim]`` and a multiple of the thread's vector (``2 * vec_size``
@@ -111,22 +115,27 @@ def _llama31(rope_scale, rope_theta, low_freq_factor, high_freq_factor, old_cont
 def apply_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
                        offsets: torch.Tensor, rotary_dim: int | None = None,
                        interleave: bool = False, rope_scale: float = 1,
-                       rope_theta: float = 1e4) -> None:
+                       rope_theta: float = 1e4, *, check_indptr_on_host: bool = True) -> None:
     """Rotate ragged q ``(nnz, Hq, D)`` and k ``(nnz, Hk, D)`` in place: segment ``i`` is tokens
     ``indptr[i]:indptr[i+1]`` at positions ``offsets[i] + 0, 1, ...`` (``indptr``, ``offsets``
     int32 or int64, ``(B + 1,)`` and ``(B,)``). ``interleave``: pairs ``(2j, 2j+1)``, else
-    ``(j, j + R/2)``."""
+    ``(j, j + R/2)``. ``check_indptr_on_host`` (added, keyword-only): read ``indptr`` on the host
+    and refuse one that leaves ``[0, nnz]`` or falls (a sync the original does not have); False
+    leaves the call the original's work, and the kernel skips such a segment."""
     batch_qk_apply_rotary(q, k, q, k, indptr, offsets, _rotary_dim(q, rotary_dim), interleave,
-                          rope_parameters(rope_scale, rope_theta))
+                          rope_parameters(rope_scale, rope_theta),
+                          check_indptr_on_host=check_indptr_on_host)
 
 
 def apply_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor, offsets: torch.Tensor,
                rotary_dim: int | None = None, interleave: bool = False, rope_scale: float = 1,
-               rope_theta: float = 1e4) -> tuple[torch.Tensor, torch.Tensor]:
+               rope_theta: float = 1e4, *, check_indptr_on_host: bool = True
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`apply_rope_inplace` into new tensors ``(q_rope, k_rope)`` (``torch.empty_like``)."""
     q_rope, k_rope = _empty_like(q), _empty_like(k)
     batch_qk_apply_rotary(q, k, q_rope, k_rope, indptr, offsets, _rotary_dim(q, rotary_dim),
-                          interleave, rope_parameters(rope_scale, rope_theta))
+                          interleave, rope_parameters(rope_scale, rope_theta),
+                          check_indptr_on_host=check_indptr_on_host)
     return q_rope, k_rope
 
 
@@ -134,23 +143,26 @@ def apply_llama31_rope_inplace(q: torch.Tensor, k: torch.Tensor, indptr: torch.T
                                offsets: torch.Tensor, rotary_dim: int | None = None,
                                interleave: bool = False, rope_scale: float = 8,
                                rope_theta: float = 5e5, low_freq_factor: float = 1,
-                               high_freq_factor: float = 4, old_context_len: int = 8192) -> None:
+                               high_freq_factor: float = 4, old_context_len: int = 8192, *,
+                               check_indptr_on_host: bool = True) -> None:
     """:func:`apply_rope_inplace` with Llama 3.1's scaled frequencies (computed in the kernel)."""
     batch_qk_apply_rotary(q, k, q, k, indptr, offsets, _rotary_dim(q, rotary_dim), interleave,
                           _llama31(rope_scale, rope_theta, low_freq_factor, high_freq_factor,
-                                   old_context_len))
+                                   old_context_len), check_indptr_on_host=check_indptr_on_host)
 
 
 def apply_llama31_rope(q: torch.Tensor, k: torch.Tensor, indptr: torch.Tensor,
                        offsets: torch.Tensor, rotary_dim: int | None = None,
                        interleave: bool = False, rope_scale: float = 8, rope_theta: float = 5e5,
                        low_freq_factor: float = 1, high_freq_factor: float = 4,
-                       old_context_len: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+                       old_context_len: int = 8192, *, check_indptr_on_host: bool = True
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`apply_llama31_rope_inplace` into new tensors ``(q_rope, k_rope)``."""
     q_rope, k_rope = _empty_like(q), _empty_like(k)
     batch_qk_apply_rotary(q, k, q_rope, k_rope, indptr, offsets, _rotary_dim(q, rotary_dim),
                           interleave, _llama31(rope_scale, rope_theta, low_freq_factor,
-                                               high_freq_factor, old_context_len))
+                                               high_freq_factor, old_context_len),
+                          check_indptr_on_host=check_indptr_on_host)
     return q_rope, k_rope
 
 
@@ -216,12 +228,16 @@ def _heads_view(x: torch.Tensor, head_size: int) -> torch.Tensor:
 
 
 def apply_rope_with_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
-                                  head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True
+                                  head_size: int, cos_sin_cache: torch.Tensor, is_neox: bool = True,
+                                  *, check_positions_on_host: bool = True
                                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's signature: ``positions`` ``(nnz,)`` int32/int64, ``query`` ``(nnz, Hq * head_size)``,
     ``key`` ``(nnz, Hk * head_size)``, ``cos_sin_cache`` fp32 ``(max_pos, rotary_dim)`` = cos of
     the ``R/2`` pairs then their sin; ``is_neox``: rotate-half, else interleaved. Returns new
-    ``(query_out, key_out)`` of the inputs' shapes."""
+    ``(query_out, key_out)`` of the inputs' shapes. ``check_positions_on_host`` (added,
+    keyword-only): read the positions' range on the host and refuse one outside the cache (a
+    sync the original does not have); False leaves the call the original's work, and the kernel
+    gives such a token NaN."""
     if not isinstance(head_size, int) or head_size <= 0:
         raise ValueError(f"head_size must be a positive int, got {head_size!r}")
     if isinstance(cos_sin_cache, torch.Tensor) and cos_sin_cache.dtype != torch.float32:
@@ -230,21 +246,23 @@ def apply_rope_with_cos_sin_cache(positions: torch.Tensor, query: torch.Tensor, 
     query_out, key_out = _empty_like(query), _empty_like(key)
     batch_qk_apply_rotary_cos_sin_cache(q, k, _heads_view(query_out, head_size),
                                         _heads_view(key_out, head_size), cos_sin_cache,
-                                        positions, not is_neox)
+                                        positions, not is_neox,
+                                        check_positions_on_host=check_positions_on_host)
     return query_out, key_out
 
 
 def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.Tensor,
                                           key: torch.Tensor, head_size: int,
-                                          cos_sin_cache: torch.Tensor, is_neox: bool = True
-                                          ) -> None:
+                                          cos_sin_cache: torch.Tensor, is_neox: bool = True,
+                                          *, check_positions_on_host: bool = True) -> None:
     """:func:`apply_rope_with_cos_sin_cache`, writing into ``query`` and ``key``."""
     if not isinstance(head_size, int) or head_size <= 0:
         raise ValueError(f"head_size must be a positive int, got {head_size!r}")
     if isinstance(cos_sin_cache, torch.Tensor) and cos_sin_cache.dtype != torch.float32:
         raise ValueError("cos_sin_cache should be float32")
     q, k = _heads_view(query, head_size), _heads_view(key, head_size)
-    batch_qk_apply_rotary_cos_sin_cache(q, k, q, k, cos_sin_cache, positions, not is_neox)
+    batch_qk_apply_rotary_cos_sin_cache(q, k, q, k, cos_sin_cache, positions, not is_neox,
+                                        check_positions_on_host=check_positions_on_host)
 
 
 __all__ = ["UPSTREAM", "LLAMA31_DEFAULTS", "apply_rope", "apply_rope_inplace", "apply_rope_pos_ids",

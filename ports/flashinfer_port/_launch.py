@@ -182,6 +182,30 @@ def _check_index(t: torch.Tensor, name: str, count: int | None = None) -> None:
         raise ValueError(f"{name} must have {count} entries (one per token), got {t.numel()}")
 
 
+# The two checks that read device values on the host. Each is a device sync the original does
+# not have (tens of microseconds: more than a decode step's kernel), so each launcher takes a flag
+# to skip it for trusted indices. Skipped, or inside a CUDA-graph capture (where no value can be
+# read), the kernels' own bounds apply: a position outside the cache gets NaN cos/sin, a segment
+# outside [0, nnz] is left unwritten; neither reads or writes out of bounds.
+def check_positions(pos_ids: torch.Tensor, rows: int) -> None:
+    """Added: every position indexes a cache row (the original reads past the cache otherwise).
+    One reduction and a copy to the host."""
+    if pos_ids.numel() == 0:
+        return
+    lo, hi = (int(v) for v in torch.stack(torch.aminmax(pos_ids)).tolist())
+    if lo < 0 or hi >= rows:
+        raise ValueError(f"positions span [{lo}, {hi}] but cos_sin_cache has {rows} rows "
+                         f"(valid positions are 0..{rows - 1})")
+
+
+def check_indptr(indptr: torch.Tensor, nnz: int) -> None:
+    """Added: ``indptr`` rises within ``[0, nnz]`` (the original trusts it: a decreasing or
+    out-of-range entry reads and writes tokens outside q and k). One copy to the host."""
+    bounds = indptr.tolist()
+    if any(lo > hi for lo, hi in zip(bounds, bounds[1:])) or bounds[0] < 0 or bounds[-1] > nnz:
+        raise ValueError(f"indptr must rise within [0, nnz = {nnz}], got {bounds}")
+
+
 def _device(*named: tuple[str, torch.Tensor]) -> int:
     return _cupy.check_cuda(*named)
 
@@ -204,8 +228,10 @@ def _strides(q, k, q_rope, k_rope) -> tuple:
 
 # ---- the launchers ----------------------------------------------------------------------------
 def batch_qk_apply_rotary(q, k, q_rope, k_rope, indptr, offsets, rotary_dim: int,
-                          interleave: bool, params: tuple) -> None:
-    """``apply_rope`` / ``apply_llama31_rope`` (binding and ``BatchQKApplyRotary``)."""
+                          interleave: bool, params: tuple, *, check_indptr_on_host: bool = True
+                          ) -> None:
+    """``apply_rope`` / ``apply_llama31_rope`` (binding and ``BatchQKApplyRotary``).
+    ``check_indptr_on_host``: :func:`check_indptr` first (a sync the original does not have)."""
     nnz, hq, hk, head_dim = _check_qk(q, k)
     _check_index(indptr, "indptr")
     _check_index(offsets, "offsets")
@@ -219,15 +245,8 @@ def batch_qk_apply_rotary(q, k, q_rope, k_rope, indptr, offsets, rotary_dim: int
     vec_size, bdx, bdy = vector_layout(head_dim, q.element_size())
     _check_rotary_dim(rotary_dim, head_dim, vec_size, interleave)
     _check_vectors({"q": q, "k": k, "q_rope": q_rope, "k_rope": k_rope})
-    # Added: the kernel trusts indptr; a decreasing or out-of-range entry reads and writes
-    # tokens outside q and k.
-    # tokens outside q and k. Read on the host (a sync), except inside a CUDA-graph capture,
-    # where the kernel's own bound skips such a segment instead.
-    if not _capturing():
-        bounds = indptr.tolist()
-        if (any(lo > hi for lo, hi in zip(bounds, bounds[1:])) or bounds[0] < 0
-                or bounds[-1] > nnz):
-            raise ValueError(f"indptr must rise within [0, nnz = {nnz}], got {bounds}")
+    if check_indptr_on_host and not _capturing():
+        check_indptr(indptr, nnz)
     if batch_size * (hq + hk) > MAX_GRID_X:
         raise ValueError(f"batch_size x heads = {batch_size * (hq + hk)} exceeds the grid limit")
     device = _device(("q", q), ("k", k), ("indptr", indptr), ("offsets", offsets))
@@ -283,10 +302,11 @@ def batch_qk_apply_rotary_pos_ids(q, k, q_rope, k_rope, pos_ids, rotary_dim: int
 
 
 def batch_qk_apply_rotary_cos_sin_cache(q, k, q_rope, k_rope, cos_sin_cache, pos_ids,
-                                        interleave: bool, *, strategy: Strategy | None = None
-                                        ) -> Strategy:
+                                        interleave: bool, *, strategy: Strategy | None = None,
+                                        check_positions_on_host: bool = True) -> Strategy:
     """``apply_rope_with_cos_sin_cache`` (``BatchQKApplyRotaryPosIdsCosSinCache``); returns the
-    strategy taken."""
+    strategy taken. ``check_positions_on_host``: :func:`check_positions` first (a sync the
+    original does not have)."""
     nnz, _, _, head_dim = _check_qk(q, k)
     _cupy.check_tensor(cos_sin_cache, "cos_sin_cache")
     _check_index(pos_ids, "positions", nnz)
@@ -304,14 +324,8 @@ def batch_qk_apply_rotary_cos_sin_cache(q, k, q_rope, k_rope, cos_sin_cache, pos
     check_row_offset(rows, rotary_dim, pos_ids.dtype)
     if rows > UINT32_MAX:
         raise NotImplementedError(f"a cache of {rows} rows overflows the kernel's uint32 row bound")
-    # Added: a position outside the cache would read past it. The host reads the positions'
-    # range (one small reduction and a sync); inside a CUDA-graph capture it cannot, and the
-    # kernel's own bound gives such a token NaN instead.
-    if nnz and not _capturing():
-        lo, hi = torch.aminmax(pos_ids)
-        lo, hi = int(lo), int(hi)
-        if lo < 0 or hi >= rows:
-            raise ValueError(f"positions span [{lo}, {hi}] but cos_sin_cache has {rows} rows")
+    if check_positions_on_host and not _capturing():
+        check_positions(pos_ids, rows)
     device = _device(("q", q), ("k", k), ("cos_sin_cache", cos_sin_cache), ("positions", pos_ids))
     return _pos_ids_launch(CACHE_MODULE, ("fi_cos_sin_cache", "fi_cos_sin_cache_head_parallel"),
                            q, k, q_rope, k_rope, (_cupy.ptr(cos_sin_cache),), pos_ids,
@@ -320,5 +334,6 @@ def batch_qk_apply_rotary_cos_sin_cache(q, k, q_rope, k_rope, cos_sin_cache, pos
 
 
 __all__ = ["HEAD_DIMS", "INDPTR_MODULE", "POS_IDS_MODULE", "CACHE_MODULE", "vector_layout",
-           "choose_strategy", "device_occupancy", "rope_parameters", "batch_qk_apply_rotary",
+           "choose_strategy", "device_occupancy", "rope_parameters", "check_positions",
+           "check_indptr", "batch_qk_apply_rotary",
            "batch_qk_apply_rotary_pos_ids", "batch_qk_apply_rotary_cos_sin_cache"]

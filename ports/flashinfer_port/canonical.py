@@ -10,7 +10,9 @@ contiguous); ``indptr`` from ``cu_seqlens`` (thd) or one segment per sequence, `
 (FlashInfer takes only fp32; tables in x's fp16/bf16 widen to it exactly, so those cases run on
 the same table values as the others, where the installed peer row refuses them). The
 computed-angle rows compute their own angles from ``rope_theta`` (``__powf`` / ``__sincosf``).
-In-place rows run on copies made in ``prepare``: the first call is the one validated. A case
+In-place rows run on copies made in ``prepare``: the first call is the one validated.
+The port's host reads of ``indptr`` and of the positions' range (device syncs the original does
+not have) run once in ``prepare``; the timed calls skip them, so they do the original's work. A case
 without k (``kv_heads`` None) passes a k of 0 heads, which the original's API accepts (the
 kernels loop over, or launch blocks for, no k heads); the installed peer rows need a k.
 """
@@ -20,7 +22,9 @@ import torch
 
 from ports._spec import ImplSpec
 from ports.flashinfer_port import UPSTREAM
-from ports.flashinfer_port._launch import HEAD_DIMS, MAX_GRID_Y, vector_layout
+from ports.flashinfer_port._launch import (
+    HEAD_DIMS, MAX_GRID_Y, check_indptr, check_positions, vector_layout,
+)
 from reference.case import RopeCase, RopeInputs
 from reference.tables import first_members
 from reference.tolerances import ANGLE_REL_ERR_FAST_MATH
@@ -60,8 +64,10 @@ def _prepare(form: str, inplace: bool):
             indptr = (inputs.cu_seqlens if case.layout == "thd" else torch.arange(
                 0, case.tokens + 1, case.seqlen, device=inputs.x.device)).to(torch.int32)
             offsets = inputs.offsets.to(torch.int32)
+            check_indptr(indptr, case.tokens)  # once here: the timed call has no sync
             fn = fi.apply_rope_inplace if inplace else fi.apply_rope
-            call = lambda q, k: fn(q, k, indptr, offsets, **computed)  # noqa: E731
+            call = lambda q, k: fn(q, k, indptr, offsets, check_indptr_on_host=False,  # noqa: E731
+                                   **computed)
         elif form == "pos_ids":
             pos_ids = inputs.positions.reshape(-1).to(torch.int32)
             fn = fi.apply_rope_pos_ids_inplace if inplace else fi.apply_rope_pos_ids
@@ -71,12 +77,14 @@ def _prepare(form: str, inplace: bool):
             cache = torch.cat([half(inputs.cos), half(inputs.sin)], dim=-1).to(torch.float32)
             cache = cache.contiguous()
             positions = inputs.positions.reshape(-1)
+            check_positions(positions, cache.size(0))  # once here: the timed call has no sync
             fn = (fi.apply_rope_with_cos_sin_cache_inplace if inplace
                   else fi.apply_rope_with_cos_sin_cache)
 
             def call(q, k):  # k of 0 heads stays 3-D: a 0-element view cannot infer its heads
                 return fn(positions, q.flatten(-2), k if k.size(1) == 0 else k.flatten(-2),
-                          case.head_dim, cache, is_neox=not interleave)
+                          case.head_dim, cache, is_neox=not interleave,
+                          check_positions_on_host=False)
 
         def rotate(xs):
             q = _token_view(case, xs[0])

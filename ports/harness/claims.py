@@ -4,8 +4,9 @@ Each row: the seed, the claim as stated (with the GPU it was made on), what this
 for the same experiment on the current GPU, and a verdict. Claims are speed-up ratios, compared as
 gains (ratio - 1) because the GPUs differ (:mod:`ports.harness.verdicts`: the claimed range
 widened by 25% of each end); a claim is *not reproducible here* when an implementation it needs
-is missing or cannot run (the reason is given). The serving frameworks' published claims (FlashInfer, vLLM,
-SGLang pull requests) follow the seeds' rows: :mod:`ports.harness.published_claims`.
+is missing or cannot run (the reason is given). The serving frameworks' published claims
+(FlashInfer, vLLM, SGLang pull requests, judged from CUDA-graph replay times) follow the seeds'
+rows: :mod:`ports.harness.published_claims`.
 """
 from __future__ import annotations
 

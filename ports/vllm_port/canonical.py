@@ -5,7 +5,9 @@ Inputs are those the installed op gets as the peer row ``vllm.rotary_embedding``
 positions (the case's, flattened), tokens as ``[T, h, d]`` views (bshd's ``b, s`` flattened; thd as
 is), and the case's own tables as ``cat(cos_half, sin_half)`` ``[L, R]`` in the case's cos/sin dtype
 (built once in ``prepare``, as a model builds its cache once). q and k go in one launch; the op is
-in place, so it runs on copies made in ``prepare``. Unlike the Python layer of vLLM, which casts the
+in place, so it runs on copies made in ``prepare``. The port's host check of the positions' range
+(a device sync the original does not have) runs once in ``prepare``; the timed call skips it
+(``check_positions_on_host=False``), so it does the original's work. Unlike the Python layer of vLLM, which casts the
 cache to x's dtype, the op takes an fp32 cache with fp16/bf16 x, so fp32 tables are accepted too.
 The port also takes sbhd, flattened ``s, b`` with the positions in that order (the op takes
 tokens in any order); bhsd it cannot take without a copy (no one stride walks its tokens).
@@ -46,12 +48,13 @@ def _prepare(case: RopeCase, inputs: RopeInputs):
 
     cache = cache_of(case, inputs)
     positions = token_positions(case, inputs)
+    vllm_port.check_positions(positions, cache.size(0))  # once here: the timed call has no sync
     is_neox = case.style == "rotate_half"
 
     def rotate(xs):
         q, k = (x if case.layout == "thd" else x.flatten(0, 1) for x in (xs[0], xs[-1]))
         vllm_port.rotary_embedding(positions, q, k if len(xs) > 1 else None, case.head_dim,
-                                   cache, is_neox)
+                                   cache, is_neox, check_positions_on_host=False)
         return xs
 
     return in_place_call(case, inputs, rotate)
