@@ -443,28 +443,6 @@ def test_case_builder_hand_checked():
     assert torch.count_nonzero(ko) == 0  # weight 0 (not Gemma): every output channel 0
 
 
-# ---- the benchmark's table and CLI (no GPU needed) -------------------------------------------
-def test_bench_table_and_cli_without_gpu(capsys):
-    from ports.harness import qknorm_bench as bench
-
-    rows = [dict(shape="s", direction="forward", impl="copy", us=10.0, copy_us=10.0),
-            dict(shape="s", direction="forward", impl="fused", us=12.5, copy_us=10.0),
-            dict(shape="s", direction="forward", impl="rms_norm + fastrope", us=25.0,
-                 copy_us=10.0),
-            dict(shape="s", direction="forward", impl="compiled unfused", us=None,
-                 copy_us=10.0, reason="RuntimeError: boom")]
-    lines = bench.table(rows).splitlines()
-    assert lines[3] == "| s | forward | fused | 12.5 | 80% | 2.00 |"
-    assert lines[4] == "| s | forward | rms_norm + fastrope | 25.0 | 40% | 1.00 |"
-    assert "RuntimeError: boom" in lines[5]
-    assert bench._settings(["BACKWARD_WARPS=8"]) == {"BACKWARD_WARPS": 8}
-    assert bench.main(["--set", "WARPS=8"]) == 2
-    assert "--set takes NAME=INT" in capsys.readouterr().err
-    if not torch.cuda.is_available():
-        assert bench.main([]) == 2
-        assert "needs a CUDA GPU" in capsys.readouterr().err
-
-
 # ---- the kernels compile for sm_90 (no GPU needed) ---------------------------------------------
 _COMPILE_SM90 = r"""
 import shutil, subprocess, sys, tempfile
