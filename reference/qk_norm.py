@@ -7,6 +7,10 @@ has ``head_dim`` elements, right before RoPE:
     z     = x_hat * w           (Gemma: x_hat * (1 + w))
     y     = RoPE(z)             (reference.oracle.apply_rope: first R channels rotated)
 
+OLMo2 normalises q and k over all heads of a token instead (``norm="token"``: the mean is over
+the token's ``heads * D`` channels and the weight has ``heads * D`` elements, ``[heads, D]``
+here); the rotation is the same.
+
 Everything here computes in float64. The backward is autograd on the same function, so it is
 the exact transpose, whatever the cos/sin tables (their two members may differ).
 
@@ -32,36 +36,54 @@ from reference.tolerances import ulp
 F64 = torch.float64
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, gemma: bool = False
-             ) -> torch.Tensor:
-    """float64 RMSNorm over the last dim: ``x * rsqrt(mean(x^2) + eps) * w`` (``1 + w``: Gemma)."""
+NORMS = ("head", "token")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, gemma: bool = False,
+             norm: str = "head", layout: str = "bshd") -> torch.Tensor:
+    """float64 RMSNorm: ``x * rsqrt(mean(x^2) + eps) * w`` (``1 + w``: Gemma).
+
+    ``norm="head"``: over the last dim, ``weight`` ``[D]``. ``norm="token"``: over each token's
+    heads and channels together, ``weight`` ``[heads * D]`` (or ``[heads, D]``); ``layout`` says
+    where the heads axis is.
+    """
+    if norm not in NORMS:
+        raise ValueError(f"unknown norm {norm!r}; expected one of {NORMS}")
     x, w = x.to(F64), weight.to(F64)
     w = 1.0 + w if gemma else w
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+    if norm == "head":
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+    head_axis = 1 if layout == "bhsd" else x.dim() - 2
+    xt = x.movedim(head_axis, -2)
+    w = w.reshape(xt.shape[-2], xt.shape[-1])
+    y = xt * torch.rsqrt(xt.pow(2).mean((-2, -1), keepdim=True) + eps) * w
+    return y.movedim(-2, head_axis)
 
 
 def qk_norm_rope_oracle(x: torch.Tensor, weight: torch.Tensor, eps: float,
                         cos_table: torch.Tensor, sin_table: torch.Tensor,
                         positions: torch.Tensor, *, layout: str, style: str,
-                        gemma: bool = False) -> torch.Tensor:
-    """float64 RoPE of the RMSNorm of each head of ``x`` (any layout).
+                        gemma: bool = False, norm: str = "head") -> torch.Tensor:
+    """float64 RoPE of the RMSNorm of each head of ``x`` (any layout; ``norm="token"``: of each
+    token's heads together, ``weight`` ``[heads * D]``).
 
     cos/sin are full-width tables ``[L, R]`` (R = rotary_dim, channels R..D-1 pass through after
     the norm); ``positions`` ``[B, S]`` (thd: ``[T]``) select their rows.
     """
-    return rope_oracle(rms_norm(x, weight, eps, gemma=gemma), cos_table, sin_table, positions,
-                       layout=layout, style=style)
+    return rope_oracle(rms_norm(x, weight, eps, gemma=gemma, norm=norm, layout=layout),
+                       cos_table, sin_table, positions, layout=layout, style=style)
 
 
 def qk_norm_rope_oracle_backward(x: torch.Tensor, weight: torch.Tensor, grad: torch.Tensor,
                                  eps: float, cos_table: torch.Tensor, sin_table: torch.Tensor,
                                  positions: torch.Tensor, *, layout: str, style: str,
-                                 gemma: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                                 gemma: bool = False, norm: str = "head"
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 ``(dx, dweight)`` of :func:`qk_norm_rope_oracle`, by autograd."""
     x64 = x.detach().to(F64).requires_grad_(True)
     w64 = weight.detach().to(F64).requires_grad_(True)
     y = qk_norm_rope_oracle(x64, w64, eps, cos_table, sin_table, positions, layout=layout,
-                            style=style, gemma=gemma)
+                            style=style, gemma=gemma, norm=norm)
     dx, dw = torch.autograd.grad(y, (x64, w64), grad.to(F64))
     return dx, dw
 
@@ -133,5 +155,5 @@ def backward_tolerances(x: torch.Tensor, weight: torch.Tensor, grad: torch.Tenso
     return dx_tol, dw_tol
 
 
-__all__ = ["rms_norm", "qk_norm_rope_oracle", "qk_norm_rope_oracle_backward", "fp32_steps",
-           "forward_tolerance", "backward_tolerances"]
+__all__ = ["NORMS", "rms_norm", "qk_norm_rope_oracle", "qk_norm_rope_oracle_backward",
+           "fp32_steps", "forward_tolerance", "backward_tolerances"]
