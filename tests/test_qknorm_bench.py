@@ -100,3 +100,33 @@ def test_packed_inputs_give_the_oracles_answer():
     want = qk_norm_rope_oracle(q, qw, bench.EPS, cos, sin, torch.arange(5).expand(2, 5),
                                layout="bshd", style="rotate_half")
     torch.testing.assert_close(got, want.reshape(10, 4, 16), rtol=1e-12, atol=1e-12)
+
+
+def test_rows_and_their_refusals():
+    shape = bench.SHAPES[2]
+    rows = {r.name: r for r in bench._rows(shape)}
+    vllm = rows["vllm_port fused (fwd only)"]
+    fi = rows["flashinfer_port token-norm (fwd only)"]
+    assert not vllm.backward and not fi.backward and rows["fastrope fused"].backward
+    assert vllm.input == bench.PACKED and fi.input == bench.PACKED_OUT and fi.norm == "token"
+    assert vllm.refuses(shape, torch.float16) is None
+    assert fi.refuses(shape, torch.bfloat16) is None
+    assert fi.refuses(shape, torch.float16) == "bf16 only"
+    gemma = next(s for s in bench.SHAPES if s.gemma)
+    assert "1 + w" in vllm.refuses(gemma, torch.bfloat16)
+    assert {"compiled unfused", "hf eager", "rms_norm + fastrope"} <= set(rows)
+
+
+def test_token_norm_oracle_tiles_the_weight():
+    """The flashinfer row is checked against the norm over all heads with the per-head weight
+    tiled: with equal heads that is the per-head norm (the mean over heads equals each one's)."""
+    shape = bench.Shape("t", 1, 3, 2, 2, 8)
+    gen = torch.Generator().manual_seed(0)
+    head = torch.randn(1, 3, 1, 8, generator=gen, dtype=torch.float64)
+    q = head.expand(1, 3, 2, 8).contiguous()
+    w = torch.randn(8, generator=gen, dtype=torch.float64)
+    cos, sin = rope_tables(3, 8, dtype=torch.float64)
+    args = (q, q.clone(), w, w, cos, sin)
+    per_head = bench.oracle(shape, args, "forward")
+    token = bench.oracle(shape, args, "forward", norm="token")
+    torch.testing.assert_close(token[0], per_head[0], rtol=1e-12, atol=1e-12)

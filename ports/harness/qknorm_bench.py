@@ -13,6 +13,13 @@ another form gets it built outside the timed call, and the table's ``input`` col
   (:mod:`ports.vllm_port.qknorm`), forward only as upstream, in place on a packed
   ``qkv [b*s, (hq + 2 hk) * d]`` (its API: v's heads ride along untouched) with its
   ``cat(cos, sin)`` cache and int64 positions; only the kernel is timed (positions trusted);
+* ``flashinfer_port token-norm (fwd only)``: FlashInfer's ``fused_qk_rmsnorm_rope``
+  (:mod:`ports.flashinfer_port.qknorm`), its only fused QK-norm + RoPE: a video-diffusion kernel
+  whose norm spans all heads of a token (OLMo2's form, not Qwen3's), so it gets the same weight
+  values tiled over the heads and is checked against the oracle of *that* norm; bf16 only;
+  packed qkv in, separate q, k and v out (it copies v: its bytes are (q + k + v) x 2, while
+  ``% copy`` counts q and k only); 1-D RoPE as its 3-D form with ``pph = ppw = 1``, angles
+  computed in the kernel (``__sincosf``); outputs preallocated, only the kernel timed;
 * ``compiled unfused``: ``torch.compile(fullgraph=True)`` of transformers' norm then its
   rotate-half RoPE (what a user gets today by compiling the model; forward, backward);
 * ``hf eager``: the same two steps in eager PyTorch;
@@ -76,6 +83,7 @@ SHAPES = [
 
 Q_K = "q, k [b, s, h, d]"
 PACKED = "packed qkv [b*s, (hq+2hk)*d], in place"
+PACKED_OUT = "packed qkv in; q, k, v out (v copied); norm over all heads"
 
 
 def _hf_norm(x, w, eps, gemma):
@@ -133,7 +141,8 @@ class Row:
     input: str
     prepare: object
     backward: bool = True
-    refuses: object = None  # Shape -> reason or None
+    refuses: object = None  # (Shape, dtype) -> reason or None
+    norm: str = "head"      # the oracle it is checked against (reference.qk_norm.NORMS)
 
 
 def _rows(shape: Shape) -> list[Row]:
@@ -185,12 +194,39 @@ def _rows(shape: Shape) -> list[Row]:
             return unpack_qk(qkv, shape)
         return run
 
-    def vllm_refuses(sh: Shape):
+    def vllm_refuses(sh: Shape, dtype: torch.dtype):
         return "no (1 + w) weight form" if sh.gemma else None
+
+    def flashinfer_prepare(q, k, qw, kw, cos, sin):
+        from ports.flashinfer_port import fused_qk_rmsnorm_rope
+
+        v = torch.randn_like(k)
+        qkv = packed_qkv(q.detach(), k.detach(), v)
+        qw_, kw_ = (w.detach().to(q.dtype).repeat(h).contiguous()
+                    for w, h in ((qw, shape.hq), (kw, shape.hk)))
+        outs = [torch.empty(shape.b * s, h, shape.d, dtype=q.dtype, device=q.device)
+                for h in (shape.hq, shape.hk, shape.hk)]
+        kwargs = dict(ppf=s, pph=1, ppw=1, num_frame_channels=shape.d, num_height_channels=0,
+                      num_width_channels=0, num_heads_q=shape.hq, num_heads_k=shape.hk,
+                      num_heads_v=shape.hk, head_dim=shape.d, eps=EPS, interleave=False,
+                      q_out=outs[0], k_out=outs[1], v_out=outs[2])
+
+        def run():
+            qo, ko, _ = fused_qk_rmsnorm_rope(qkv, qw_, kw_, **kwargs)
+            return (qo.view(shape.b, s, shape.hq, shape.d),
+                    ko.view(shape.b, s, shape.hk, shape.d))
+        return run
+
+    def flashinfer_refuses(sh: Shape, dtype: torch.dtype):
+        if sh.gemma:
+            return "no (1 + w) weight form"
+        return None if dtype == torch.bfloat16 else "bf16 only"
 
     return [Row("fastrope fused", Q_K, direct(fused)),
             Row("vllm_port fused (fwd only)", PACKED, vllm_prepare, backward=False,
                 refuses=vllm_refuses),
+            Row("flashinfer_port token-norm (fwd only)", PACKED_OUT, flashinfer_prepare,
+                backward=False, refuses=flashinfer_refuses, norm="token"),
             Row("compiled unfused", Q_K, direct(compiled_unfused)),
             Row("hf eager", Q_K, direct(hf_eager)),
             Row("rms_norm + fastrope", Q_K, direct(rms_norm_fastrope)),
@@ -226,8 +262,9 @@ def ulps_off(actual: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> flo
     return err / ulp(float(ref.abs().max()) if ref.numel() else 0.0, dtype)
 
 
-def oracle(shape: Shape, args, direction: str, grads=None):
-    """The float64 reference: (q, k) forward; (dq, dk) backward."""
+def oracle(shape: Shape, args, direction: str, grads=None, norm: str = "head"):
+    """The float64 reference: (q, k) forward; (dq, dk) backward. ``norm="token"``: the norm over
+    all heads, with each per-head weight tiled over the heads."""
     from reference.qk_norm import qk_norm_rope_oracle, qk_norm_rope_oracle_backward
 
     q, k, qw, kw, cos, sin = args
@@ -235,7 +272,9 @@ def oracle(shape: Shape, args, direction: str, grads=None):
     kw_ = dict(cos_table=cos.double(), sin_table=sin.double(), positions=pos, layout="bshd",
                style="rotate_half", gemma=shape.gemma)
     if direction == "forward":
-        return tuple(qk_norm_rope_oracle(x.detach(), w.detach(), EPS, **kw_)
+        if norm == "token":
+            qw, kw = (w.detach().repeat(x.shape[-2]) for x, w in ((q, qw), (k, kw)))
+        return tuple(qk_norm_rope_oracle(x.detach(), w.detach(), EPS, norm=norm, **kw_)
                      for x, w in ((q, qw), (k, kw)))
     return tuple(qk_norm_rope_oracle_backward(x, w, g, EPS, **kw_)[0]
                  for x, w, g in ((q, qw, grads[0]), (k, kw, grads[1])))
@@ -254,7 +293,7 @@ def measure(shape: Shape, dtype: torch.dtype, rep_ms: int, *, check: bool = Fals
         rows.append(dict(base, impl="copy", input="", us=copy))
         for row in _rows(shape):
             out = dict(base, impl=row.name, input=row.input, us=None)
-            reason = row.refuses(shape) if row.refuses else None
+            reason = row.refuses(shape, dtype) if row.refuses else None
             if direction == "backward" and not row.backward:
                 reason = "forward only (as upstream)"
             if reason:
@@ -269,7 +308,8 @@ def measure(shape: Shape, dtype: torch.dtype, rep_ms: int, *, check: bool = Fals
                         result = run()  # compile / warm up outside the capture
                         if check:
                             out["err_ulp"] = max(ulps_off(o, r, dtype) for o, r in
-                                                 zip(result, oracle(shape, args, direction)))
+                                                 zip(result, oracle(shape, args, direction,
+                                                                    norm=row.norm)))
                         timed = run
                 else:
                     run = row.prepare(*args)
