@@ -120,9 +120,12 @@ def forward_tolerance(ref: torch.Tensor, z: torch.Tensor, dtype: torch.dtype, he
 def backward_tolerances(x: torch.Tensor, weight: torch.Tensor, grad: torch.Tensor, eps: float,
                         cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,
                         *, layout: str, style: str, gemma: bool = False,
-                        dx_dtype: torch.dtype, dw_dtype: torch.dtype
+                        dx_dtype: torch.dtype, dw_dtype: torch.dtype, norm: str = "head"
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tolerances for ``(dx, dweight)``: a 0-d tensor for dx, a ``[D]`` tensor for dweight.
+    """Tolerances for ``(dx, dweight)``: a 0-d tensor for dx, a tensor of dweight's shape.
+
+    ``norm="token"``: the mean runs over the token's heads and channels, and each of the
+    ``heads * D`` weights sums over the tokens only.
 
     dx: ``rstd * (dx_hat - x_hat * mean(dx_hat * x_hat))``: the scale is the larger term,
     ``rstd * (|dx_hat| + |x_hat| * |mean|)``. dweight: a sum over N = tokens * heads of
@@ -132,22 +135,32 @@ def backward_tolerances(x: torch.Tensor, weight: torch.Tensor, grad: torch.Tenso
     d = x.shape[-1]
     x64, g64 = x.detach().to(F64), grad.detach().to(F64)
     x64 = x64.requires_grad_(True)
-    rstd = torch.rsqrt(x64.detach().pow(2).mean(-1, keepdim=True) + eps)
+    head_axis = 1 if layout == "bhsd" else x.dim() - 2
+    dims = (-1,) if norm == "head" else (head_axis, -1)
+    width = d if norm == "head" else d * x.shape[head_axis]
+    rstd = torch.rsqrt(x64.detach().pow(2).mean(dims, keepdim=True) + eps)
     x_hat = x64.detach() * rstd
     # dz = R(-theta) dy: the gradient of the rotation alone, by autograd on the oracle.
     z = x_hat.clone().requires_grad_(True)
     y = rope_oracle(z, cos_table, sin_table, positions, layout=layout, style=style)
     (dz,) = torch.autograd.grad(y, z, g64)
     w = weight.detach().to(F64)
-    dx_hat = dz * (1.0 + w if gemma else w)
-    mean = (dx_hat * x_hat).mean(-1, keepdim=True)
+    w = 1.0 + w if gemma else w
+    if norm == "token":  # [heads, D], on the heads axis
+        w = w.reshape(x.shape[head_axis], d)
+        w = w[:, None, :] if layout == "bhsd" else w
+    dx_hat = dz * w
+    mean = (dx_hat * x_hat).mean(dims, keepdim=True)
     dx_scale = float((rstd * (dx_hat.abs() + x_hat.abs() * mean.abs())).max())
     dx_ref, dw_ref = qk_norm_rope_oracle_backward(
         x, weight, grad, eps, cos_table, sin_table, positions, layout=layout, style=style,
-        gemma=gemma)
+        gemma=gemma, norm=norm)
     dx_tol = torch.tensor(ulp(float(dx_ref.abs().max()), dx_dtype)
-                          + fp32_steps(d) * FP32_UNIT * dx_scale, dtype=F64, device=x.device)
-    terms = (dz * x_hat).abs().reshape(-1, d)
+                          + fp32_steps(width) * FP32_UNIT * dx_scale, dtype=F64, device=x.device)
+    terms = (dz * x_hat).abs()
+    if norm == "token":  # [tokens, heads * D]
+        terms = terms.movedim(head_axis, -2)
+    terms = terms.reshape(-1, width)
     n = terms.shape[0]
     dw_abs = terms.sum(0)
     dw_tol = (ulp(float(dw_ref.abs().max()), dw_dtype)
