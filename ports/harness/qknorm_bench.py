@@ -13,6 +13,9 @@ another form gets it built outside the timed call, and the table's ``input`` col
   (:mod:`ports.vllm_port.qknorm`), forward only as upstream, in place on a packed
   ``qkv [b*s, (hq + 2 hk) * d]`` (its API: v's heads ride along untouched) with its
   ``cat(cos, sin)`` cache and int64 positions; only the kernel is timed (positions trusted);
+* ``fastrope fused token-norm``: ``qk_norm_rope(..., norm="token")``, OLMo2's norm over all
+  heads of a token, with the per-head weight tiled over the heads (forward, backward): the
+  function FlashInfer's kernel computes, for comparison with its row;
 * ``flashinfer_port token-norm (fwd only)``: FlashInfer's ``fused_qk_rmsnorm_rope``
   (:mod:`ports.flashinfer_port.qknorm`), its only fused QK-norm + RoPE: a video-diffusion kernel
   whose norm spans all heads of a token (OLMo2's form, not Qwen3's), so it gets the same weight
@@ -157,6 +160,10 @@ def _rows(shape: Shape) -> list[Row]:
     def fused(q, k, qw, kw, cos, sin):
         return qk_norm_rope(q, k, qw, kw, EPS, cos=cos, sin=sin, gemma=gemma)
 
+    def fused_token(q, k, qw, kw, cos, sin):  # the per-head weights tiled over the heads
+        return qk_norm_rope(q, k, qw.repeat(q.shape[-2]), kw.repeat(k.shape[-2]), EPS, cos=cos,
+                            sin=sin, gemma=gemma, norm="token")
+
     def rms_norm_fastrope(q, k, qw, kw, cos, sin):
         d = q.shape[-1]
         wq, wk = (1.0 + qw, 1.0 + kw) if gemma else (qw, kw)
@@ -225,6 +232,8 @@ def _rows(shape: Shape) -> list[Row]:
     return [Row("fastrope fused", Q_K, direct(fused)),
             Row("vllm_port fused (fwd only)", PACKED, vllm_prepare, backward=False,
                 refuses=vllm_refuses),
+            Row("fastrope fused token-norm", Q_K + ", norm over all heads", direct(fused_token),
+                norm="token"),
             Row("flashinfer_port token-norm (fwd only)", PACKED_OUT, flashinfer_prepare,
                 backward=False, refuses=flashinfer_refuses, norm="token"),
             Row("compiled unfused", Q_K, direct(compiled_unfused)),
@@ -271,12 +280,12 @@ def oracle(shape: Shape, args, direction: str, grads=None, norm: str = "head"):
     pos = torch.arange(shape.s, device=q.device).expand(shape.b, shape.s)
     kw_ = dict(cos_table=cos.double(), sin_table=sin.double(), positions=pos, layout="bshd",
                style="rotate_half", gemma=shape.gemma)
+    if norm == "token" and qw.numel() == q.shape[-1]:  # a per-head weight, tiled
+        qw, kw = (w.detach().repeat(x.shape[-2]) for x, w in ((q, qw), (k, kw)))
     if direction == "forward":
-        if norm == "token":
-            qw, kw = (w.detach().repeat(x.shape[-2]) for x, w in ((q, qw), (k, kw)))
         return tuple(qk_norm_rope_oracle(x.detach(), w.detach(), EPS, norm=norm, **kw_)
                      for x, w in ((q, qw), (k, kw)))
-    return tuple(qk_norm_rope_oracle_backward(x, w, g, EPS, **kw_)[0]
+    return tuple(qk_norm_rope_oracle_backward(x, w, g, EPS, norm=norm, **kw_)[0]
                  for x, w, g in ((q, qw, grads[0]), (k, kw, grads[1])))
 
 
@@ -326,7 +335,7 @@ def measure(shape: Shape, dtype: torch.dtype, rep_ms: int, *, check: bool = Fals
                     if check:
                         out["err_ulp"] = max(ulps_off(o, r, dtype) for o, r in
                                              zip(result[:2], oracle(shape, args, direction,
-                                                                    grads)))
+                                                                    grads, norm=row.norm)))
                 if out.get("err_ulp", 0.0) > WRONG_ULPS:
                     out["reason"] = f"wrong: {out['err_ulp']:.3g} ulp from the oracle"
                 else:
