@@ -336,8 +336,12 @@ def measure(shape: Shape, dtype: torch.dtype, rep_ms: int, *, check: bool = Fals
                         out["err_ulp"] = max(ulps_off(o, r, dtype) for o, r in
                                              zip(result[:2], oracle(shape, args, direction,
                                                                     grads, norm=row.norm)))
-                if out.get("err_ulp", 0.0) > WRONG_ULPS:
-                    out["reason"] = f"wrong: {out['err_ulp']:.3g} ulp from the oracle"
+                err = out.get("err_ulp", 0.0)
+                if err == float("inf"):  # kept out of the data file (JSON has no infinity)
+                    out["err_ulp"] = None
+                    out["reason"] = "wrong: NaN in the output"
+                elif err > WRONG_ULPS:
+                    out["reason"] = f"wrong: {err:.3g} ulp from the oracle"
                 else:
                     out["us"] = graph_median_us(timed, rep_ms=rep_ms)
             except Exception as e:  # a row that cannot run says why, the rest still run
