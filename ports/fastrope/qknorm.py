@@ -2,7 +2,8 @@
 fused backward (dq, dk, dq_weight, dk_weight) in one more.
 
 Qwen3 and Gemma3 attention normalise each head of q and k with an RMSNorm of ``head_dim``
-weights right before the rotary embedding. Unfused, that is four passes over q and k (norm read
+weights right before the rotary embedding (OLMo2 normalises all heads of a token together:
+``norm="token"``). Unfused, that is four passes over q and k (norm read
 and write, RoPE read and write); fused, two: read once, write once. Forward and backward both
 keep the math in fp32 and round once, at the store (the kernels: :mod:`.qknorm_kernels`).
 
@@ -10,7 +11,7 @@ API::
 
     qk_norm_rope(q, k, q_weight, k_weight, eps, *, cos=None, sin=None, positions=None,
                  style="rotate_half", layout="bshd", rotary_dim=None, base=10000.0,
-                 gemma=False, check_positions=True) -> (q_out, k_out)
+                 gemma=False, check_positions=True, norm="head") -> (q_out, k_out)
     qk_norm_rope_inplace(q, k, q_weight, k_weight, eps, **same) -> (q, k)
 
 Support matrix
@@ -51,12 +52,19 @@ and the rotation; the output is rounded once. transformers rounds more often:
 
 So in fp16/bf16 this kernel's outputs are closer to the float64 oracle than transformers' own,
 and differ from them by up to a few output ulps; in fp32 the two agree to a few fp32 ulps.
+
+Norm over all heads of a token (OLMo2)
+--------------------------------------
 OLMo2 normalises q and k over all heads of a token at once (a ``num_heads * head_dim``
 weight): ``norm="token"``. Its kernels (``qk_token_norm_rope_*``) give a program every head of
-one tensor for its token (forward) or its tokens (backward) and read the rows twice, once for the
-token's sums and once to write; the second read hits L1/L2. The grid is then tokens x 2 (q, k),
-so a decode step of a few tokens has only a few programs; the weight-gradient partial rows are
-``[programs, heads * head_dim]``.
+one tensor for its token (forward) or its tokens (backward), in blocks of heads, and read the
+rows twice: once for the token's sums, once to write (the second read is meant to come from
+L1/L2: a token's q is 8 KB at 32 x 128 bf16; not yet measured). The grid is tokens x 2 (q, k),
+so a decode step of a few tokens has only a few programs. The backward keeps each token's
+``rstd`` and ``mean(dx_hat * x_hat)`` in registers between its two passes, and its weight
+gradient's partial rows are ``[programs, heads * head_dim]``: ``8 / (3 * tokens_per_program *
+itemsize)`` extra bytes, about 8% at 16 tokens a program in bf16. Launch settings are the
+per-head kernels' (first guesses here too).
 
 Deterministic weight gradients
 ------------------------------
