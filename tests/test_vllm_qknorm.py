@@ -92,6 +92,9 @@ def test_launch_shapes():
 
 
 def test_every_dispatched_instantiation_is_compiled():
-    assert len(L.MODULE.kernels) == 2 * 3 * 3 * 2 * 4
-    assert L.kernel_name(torch.bfloat16, torch.float32, 128, False, 8) in L.MODULE.kernels
-    assert L.kernel_name(torch.float16, torch.bfloat16, 64, True, 1) in L.MODULE.kernels
+    """Per qkv dtype: 3 cache dtypes x 3 head dims x 2 styles x 4 heads-per-warp."""
+    assert set(L.MODULES) == {torch.float16, torch.bfloat16}
+    assert all(len(m.kernels) == 3 * 3 * 2 * 4 for m in L.MODULES.values())
+    bf16 = L.MODULES[torch.bfloat16].kernels
+    assert L.kernel_name(torch.bfloat16, torch.float32, 128, False, 8) in bf16
+    assert L.kernel_name(torch.float16, torch.bfloat16, 64, True, 1) in L.MODULE_FP16.kernels

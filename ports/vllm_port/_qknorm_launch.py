@@ -32,11 +32,18 @@ def kernel_name(qkv_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int,
     return f"fused_qk_norm_rope_token_heads_kernel<{args}, {heads_per_warp}>"
 
 
-# Every instantiation the original's dispatch reaches.
-MODULE = _cupy.CudaModule(
-    "ports.vllm_port", "fused_qknorm_rope_kernel.cu", options=(),
-    kernels=tuple(kernel_name(q, c, d, i, n) for q in QKV_TYPES for c in CACHE_TYPES
-                  for d in HEAD_DIMS for i in (False, True) for n in HEADS_PER_WARP))
+def _module(qkv_dtype: torch.dtype) -> _cupy.CudaModule:
+    """Every instantiation the original's dispatch reaches for one qkv dtype (72 kernels: one
+    module per dtype, so a bf16 run compiles half of them)."""
+    return _cupy.CudaModule(
+        "ports.vllm_port", "fused_qknorm_rope_kernel.cu", options=(),
+        kernels=tuple(kernel_name(qkv_dtype, c, d, i, n) for c in CACHE_TYPES
+                      for d in HEAD_DIMS for i in (False, True) for n in HEADS_PER_WARP))
+
+
+MODULE_FP16 = _module(torch.float16)
+MODULE_BF16 = _module(torch.bfloat16)
+MODULES = {torch.float16: MODULE_FP16, torch.bfloat16: MODULE_BF16}
 
 
 def auto_heads_per_warp(num_tokens: int, qk_heads: int, head_dim: int, sm: int) -> int:
@@ -162,7 +169,7 @@ def fused_qk_norm_rope(qkv: torch.Tensor, num_heads_q: int, num_heads_k: int, nu
     grid, per_warp, smem = launch_shape(num_tokens, qk_heads, head_dim, rotary_dim,
                                         cos_sin_cache.element_size(), wanted)
     name = kernel_name(qkv.dtype, cos_sin_cache.dtype, head_dim, not is_neox, per_warp)
-    _cupy.launch(MODULE, name, device, (grid,), (BLOCK, 1, 1),
+    _cupy.launch(MODULES[qkv.dtype], name, device, (grid,), (BLOCK, 1, 1),
                  (_cupy.ptr(qkv), _cupy.i32(num_heads_q), _cupy.i32(num_heads_k),
                   _cupy.i32(num_heads_v), _cupy.f32(eps), _cupy.ptr(q_weight),
                   _cupy.ptr(k_weight), _cupy.ptr(cos_sin_cache), _cupy.ptr(position_ids),
@@ -170,5 +177,6 @@ def fused_qk_norm_rope(qkv: torch.Tensor, num_heads_q: int, num_heads_k: int, nu
                  shared_mem=smem)
 
 
-__all__ = ["BLOCK", "HEAD_DIMS", "HEADS_PER_WARP", "MODULE", "auto_heads_per_warp",
+__all__ = ["BLOCK", "HEAD_DIMS", "HEADS_PER_WARP", "MODULES", "MODULE_BF16", "MODULE_FP16",
+           "auto_heads_per_warp",
            "fused_qk_norm_rope", "kernel_name", "launch_shape"]
