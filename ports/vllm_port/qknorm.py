@@ -42,6 +42,8 @@ launch), or bounding one it would read out of bounds:
 * the token-heads kernel syncs the warp after waiting for its cos/sin copies (other lanes
   copied the pieces a lane reads; upstream's GPT-J branch reads them without a barrier);
 * head counts must be ``>= 0`` and ``eps`` a number ``>= 0``; empty inputs return at once;
+* the tensors' CUDA placement is checked after the shapes and dtypes (the original checks it
+  first, with contiguity), so every other refusal is named on any device;
 * ``griddepcontrol`` PTX for ``cudaGridDependencySynchronize`` /
   ``cudaTriggerProgrammaticLaunchCompletion`` (what they are on sm_90); torch's Half/BFloat16 as
   ``__half``/``__nv_bfloat16``.
