@@ -7,6 +7,10 @@ has ``head_dim`` elements, right before RoPE:
     z     = x_hat * w           (Gemma: x_hat * (1 + w))
     y     = RoPE(z)             (reference.oracle.apply_rope: first R channels rotated)
 
+OLMo2 normalises q and k over all heads of a token instead (``norm="token"``: the mean is over
+the token's ``heads * D`` channels and the weight has ``heads * D`` elements, ``[heads, D]``
+here); the rotation is the same.
+
 Everything here computes in float64. The backward is autograd on the same function, so it is
 the exact transpose, whatever the cos/sin tables (their two members may differ).
 
@@ -32,36 +36,54 @@ from reference.tolerances import ulp
 F64 = torch.float64
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, gemma: bool = False
-             ) -> torch.Tensor:
-    """float64 RMSNorm over the last dim: ``x * rsqrt(mean(x^2) + eps) * w`` (``1 + w``: Gemma)."""
+NORMS = ("head", "token")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, *, gemma: bool = False,
+             norm: str = "head", layout: str = "bshd") -> torch.Tensor:
+    """float64 RMSNorm: ``x * rsqrt(mean(x^2) + eps) * w`` (``1 + w``: Gemma).
+
+    ``norm="head"``: over the last dim, ``weight`` ``[D]``. ``norm="token"``: over each token's
+    heads and channels together, ``weight`` ``[heads * D]`` (or ``[heads, D]``); ``layout`` says
+    where the heads axis is.
+    """
+    if norm not in NORMS:
+        raise ValueError(f"unknown norm {norm!r}; expected one of {NORMS}")
     x, w = x.to(F64), weight.to(F64)
     w = 1.0 + w if gemma else w
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+    if norm == "head":
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+    head_axis = 1 if layout == "bhsd" else x.dim() - 2
+    xt = x.movedim(head_axis, -2)
+    w = w.reshape(xt.shape[-2], xt.shape[-1])
+    y = xt * torch.rsqrt(xt.pow(2).mean((-2, -1), keepdim=True) + eps) * w
+    return y.movedim(-2, head_axis)
 
 
 def qk_norm_rope_oracle(x: torch.Tensor, weight: torch.Tensor, eps: float,
                         cos_table: torch.Tensor, sin_table: torch.Tensor,
                         positions: torch.Tensor, *, layout: str, style: str,
-                        gemma: bool = False) -> torch.Tensor:
-    """float64 RoPE of the RMSNorm of each head of ``x`` (any layout).
+                        gemma: bool = False, norm: str = "head") -> torch.Tensor:
+    """float64 RoPE of the RMSNorm of each head of ``x`` (any layout; ``norm="token"``: of each
+    token's heads together, ``weight`` ``[heads * D]``).
 
     cos/sin are full-width tables ``[L, R]`` (R = rotary_dim, channels R..D-1 pass through after
     the norm); ``positions`` ``[B, S]`` (thd: ``[T]``) select their rows.
     """
-    return rope_oracle(rms_norm(x, weight, eps, gemma=gemma), cos_table, sin_table, positions,
-                       layout=layout, style=style)
+    return rope_oracle(rms_norm(x, weight, eps, gemma=gemma, norm=norm, layout=layout),
+                       cos_table, sin_table, positions, layout=layout, style=style)
 
 
 def qk_norm_rope_oracle_backward(x: torch.Tensor, weight: torch.Tensor, grad: torch.Tensor,
                                  eps: float, cos_table: torch.Tensor, sin_table: torch.Tensor,
                                  positions: torch.Tensor, *, layout: str, style: str,
-                                 gemma: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                                 gemma: bool = False, norm: str = "head"
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 ``(dx, dweight)`` of :func:`qk_norm_rope_oracle`, by autograd."""
     x64 = x.detach().to(F64).requires_grad_(True)
     w64 = weight.detach().to(F64).requires_grad_(True)
     y = qk_norm_rope_oracle(x64, w64, eps, cos_table, sin_table, positions, layout=layout,
-                            style=style, gemma=gemma)
+                            style=style, gemma=gemma, norm=norm)
     dx, dw = torch.autograd.grad(y, (x64, w64), grad.to(F64))
     return dx, dw
 
@@ -98,9 +120,12 @@ def forward_tolerance(ref: torch.Tensor, z: torch.Tensor, dtype: torch.dtype, he
 def backward_tolerances(x: torch.Tensor, weight: torch.Tensor, grad: torch.Tensor, eps: float,
                         cos_table: torch.Tensor, sin_table: torch.Tensor, positions: torch.Tensor,
                         *, layout: str, style: str, gemma: bool = False,
-                        dx_dtype: torch.dtype, dw_dtype: torch.dtype
+                        dx_dtype: torch.dtype, dw_dtype: torch.dtype, norm: str = "head"
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Tolerances for ``(dx, dweight)``: a 0-d tensor for dx, a ``[D]`` tensor for dweight.
+    """Tolerances for ``(dx, dweight)``: a 0-d tensor for dx, a tensor of dweight's shape.
+
+    ``norm="token"``: the mean runs over the token's heads and channels, and each of the
+    ``heads * D`` weights sums over the tokens only.
 
     dx: ``rstd * (dx_hat - x_hat * mean(dx_hat * x_hat))``: the scale is the larger term,
     ``rstd * (|dx_hat| + |x_hat| * |mean|)``. dweight: a sum over N = tokens * heads of
@@ -110,22 +135,32 @@ def backward_tolerances(x: torch.Tensor, weight: torch.Tensor, grad: torch.Tenso
     d = x.shape[-1]
     x64, g64 = x.detach().to(F64), grad.detach().to(F64)
     x64 = x64.requires_grad_(True)
-    rstd = torch.rsqrt(x64.detach().pow(2).mean(-1, keepdim=True) + eps)
+    head_axis = 1 if layout == "bhsd" else x.dim() - 2
+    dims = (-1,) if norm == "head" else (head_axis, -1)
+    width = d if norm == "head" else d * x.shape[head_axis]
+    rstd = torch.rsqrt(x64.detach().pow(2).mean(dims, keepdim=True) + eps)
     x_hat = x64.detach() * rstd
     # dz = R(-theta) dy: the gradient of the rotation alone, by autograd on the oracle.
     z = x_hat.clone().requires_grad_(True)
     y = rope_oracle(z, cos_table, sin_table, positions, layout=layout, style=style)
     (dz,) = torch.autograd.grad(y, z, g64)
     w = weight.detach().to(F64)
-    dx_hat = dz * (1.0 + w if gemma else w)
-    mean = (dx_hat * x_hat).mean(-1, keepdim=True)
+    w = 1.0 + w if gemma else w
+    if norm == "token":  # [heads, D], on the heads axis
+        w = w.reshape(x.shape[head_axis], d)
+        w = w[:, None, :] if layout == "bhsd" else w
+    dx_hat = dz * w
+    mean = (dx_hat * x_hat).mean(dims, keepdim=True)
     dx_scale = float((rstd * (dx_hat.abs() + x_hat.abs() * mean.abs())).max())
     dx_ref, dw_ref = qk_norm_rope_oracle_backward(
         x, weight, grad, eps, cos_table, sin_table, positions, layout=layout, style=style,
-        gemma=gemma)
+        gemma=gemma, norm=norm)
     dx_tol = torch.tensor(ulp(float(dx_ref.abs().max()), dx_dtype)
-                          + fp32_steps(d) * FP32_UNIT * dx_scale, dtype=F64, device=x.device)
-    terms = (dz * x_hat).abs().reshape(-1, d)
+                          + fp32_steps(width) * FP32_UNIT * dx_scale, dtype=F64, device=x.device)
+    terms = (dz * x_hat).abs()
+    if norm == "token":  # [tokens, heads * D]
+        terms = terms.movedim(head_axis, -2)
+    terms = terms.reshape(-1, width)
     n = terms.shape[0]
     dw_abs = terms.sum(0)
     dw_tol = (ulp(float(dw_ref.abs().max()), dw_dtype)
@@ -133,5 +168,5 @@ def backward_tolerances(x: torch.Tensor, weight: torch.Tensor, grad: torch.Tenso
     return dx_tol, dw_tol
 
 
-__all__ = ["rms_norm", "qk_norm_rope_oracle", "qk_norm_rope_oracle_backward", "fp32_steps",
-           "forward_tolerance", "backward_tolerances"]
+__all__ = ["NORMS", "rms_norm", "qk_norm_rope_oracle", "qk_norm_rope_oracle_backward",
+           "fp32_steps", "forward_tolerance", "backward_tolerances"]

@@ -65,6 +65,22 @@ def test_large_case_over_64_mb():
     check_backward(c)
 
 
+@pytest.mark.parametrize("case", [
+    Case(b=2, s=257, hq=32, hk=32, d=128, dtype="bf16", norm="token"),  # OLMo2-7B's attention
+    Case(**MID, dtype="fp32", style="interleaved", asymmetric=True, norm="token"),
+    Case(**MID, dtype="fp16", layout="sbhd", rot=64, positions="ids", norm="token"),
+    Case(b=4, s=300, hq=16, hk=4, d=128, dtype="bf16", weight_dtype="fp32", asymmetric=True,
+         norm="token"),  # 1200 tokens: 16 a backward program
+], ids=["olmo2-7b", "fp32-interleaved", "fp16-sbhd-partial-ids", "long-run"])
+def test_token_norm(case):
+    """norm="token" (OLMo2: over all heads of a token) forward, in place and backward."""
+    check_forward(case)
+    check_forward(case, in_place=True)
+    first, second = check_backward(case), check_backward(case)
+    for name in ("dqw", "dkw"):
+        assert torch.equal(first[name], second[name]), name
+
+
 def test_weight_gradients_bitwise_deterministic():
     c = Case(**MID, dtype="bf16", weight_dtype="fp32")
     first, second = check_backward(c), check_backward(c)

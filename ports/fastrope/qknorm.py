@@ -2,7 +2,8 @@
 fused backward (dq, dk, dq_weight, dk_weight) in one more.
 
 Qwen3 and Gemma3 attention normalise each head of q and k with an RMSNorm of ``head_dim``
-weights right before the rotary embedding. Unfused, that is four passes over q and k (norm read
+weights right before the rotary embedding (OLMo2 normalises all heads of a token together:
+``norm="token"``). Unfused, that is four passes over q and k (norm read
 and write, RoPE read and write); fused, two: read once, write once. Forward and backward both
 keep the math in fp32 and round once, at the store (the kernels: :mod:`.qknorm_kernels`).
 
@@ -10,7 +11,7 @@ API::
 
     qk_norm_rope(q, k, q_weight, k_weight, eps, *, cos=None, sin=None, positions=None,
                  style="rotate_half", layout="bshd", rotary_dim=None, base=10000.0,
-                 gemma=False, check_positions=True) -> (q_out, k_out)
+                 gemma=False, check_positions=True, norm="head") -> (q_out, k_out)
     qk_norm_rope_inplace(q, k, q_weight, k_weight, eps, **same) -> (q, k)
 
 Support matrix
@@ -26,7 +27,9 @@ angles         cos/sin ``[L, R]`` (each member's own value; the two may differ) 
                ``[L, R/2]``; or none: ``pos * base^(-2j/R)`` and cos/sin in fp64 in the kernel
 positions      None (token i of each sequence at i) or int32/int64 ids ``[b, s]``/``[s]``
                (thd: ``[t]``)
-norm           ``x * rsqrt(mean(x^2) + eps) * w``; ``gemma=True``: ``* (1 + w)``
+norm           ``x * rsqrt(mean(x^2) + eps) * w``; ``gemma=True``: ``* (1 + w)``;
+               ``norm="head"``: per head, weights ``[head_dim]``; ``norm="token"`` (OLMo2):
+               over each token's heads together, weights ``[heads * head_dim]``
 autograd       dq, dk, dq_weight, dk_weight; weight gradients deterministic (see below)
 torch          custom ops ``torch.ops.fastrope.qk_norm_rope`` (+ ``_backward``) and
                ``qk_norm_rope_``, fake implementations, ``torch.compile(fullgraph=True)``
@@ -49,8 +52,19 @@ and the rotation; the output is rounded once. transformers rounds more often:
 
 So in fp16/bf16 this kernel's outputs are closer to the float64 oracle than transformers' own,
 and differ from them by up to a few output ulps; in fp32 the two agree to a few fp32 ulps.
-OLMo2 normalises q over all heads at once (a ``num_heads * head_dim`` weight), which this
-per-head kernel does not compute.
+
+Norm over all heads of a token (OLMo2)
+--------------------------------------
+OLMo2 normalises q and k over all heads of a token at once (a ``num_heads * head_dim``
+weight): ``norm="token"``. Its kernels (``qk_token_norm_rope_*``) give a program every head of
+one tensor for its token (forward) or its tokens (backward), in blocks of heads, and read the
+rows twice: once for the token's sums, once to write (the second read is meant to come from
+L1/L2: a token's q is 8 KB at 32 x 128 bf16; not yet measured). The grid is tokens x 2 (q, k),
+so a decode step of a few tokens has only a few programs. The backward keeps each token's
+``rstd`` and ``mean(dx_hat * x_hat)`` in registers between its two passes, and its weight
+gradient's partial rows are ``[programs, heads * head_dim]``: ``8 / (3 * tokens_per_program *
+itemsize)`` extra bytes, about 8% at 16 tokens a program in bf16. Launch settings are the
+per-head kernels' (first guesses here too).
 
 Deterministic weight gradients
 ------------------------------
@@ -76,6 +90,7 @@ from ports import _alloc, _triton
 from ports.fastrope import qknorm_kernels as K
 from ports.fastrope.problem import check_input, dtype_name, geometry
 from reference import tables
+from reference.qk_norm import NORMS
 from reference.vocabulary import (BSH_AXES, INDEX_DTYPES, KERNEL_TORCH_DTYPES,
                                   LAYOUTS, STYLES)
 
@@ -106,6 +121,7 @@ class Geometry:
     table: int            # K.TABLE_*
     table_rows: int
     interleaved: bool
+    norm: str = "head"
 
     @property
     def tokens(self) -> int:
@@ -121,13 +137,19 @@ def _strides(x: Tensor, layout: str) -> tuple[int, int, int, int]:
     return st[b], st[s], st[h], st[3]
 
 
-def _check_weight(w, name: str, head_dim: int, device) -> None:
+def _check_weight(w, name: str, head_dim: int, device, heads: int | None = None) -> None:
+    """``[head_dim]`` (per-head norm), or ``[heads * head_dim]`` when ``heads`` is given."""
     if not isinstance(w, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
     if w.dtype not in KERNEL_TORCH_DTYPES:
         raise TypeError(f"{name} has dtype {dtype_name(w.dtype)}; weights must be float32, float16 "
                         "or bfloat16")
-    if tuple(w.shape) != (head_dim,):
+    if heads is not None:
+        if tuple(w.shape) != (heads * head_dim,):
+            raise ValueError(f"{name} must be [heads * head_dim = {heads} * {head_dim}] (norm "
+                             f"'token': one weight per channel of the token), got "
+                             f"{tuple(w.shape)}")
+    elif tuple(w.shape) != (head_dim,):
         raise ValueError(f"{name} must be [head_dim = {head_dim}] (one weight per channel, "
                          f"shared by every head), got {tuple(w.shape)}")
     if w.device != device:
@@ -135,12 +157,14 @@ def _check_weight(w, name: str, head_dim: int, device) -> None:
 
 
 def validate(*, q, k, q_weight, k_weight, eps, cos, sin, positions, style, layout, rotary_dim,
-             base) -> Geometry:
+             base, norm: str = "head") -> Geometry:
     """Every check that needs no tensor contents; raises before any launch."""
     if style not in STYLES:
         raise ValueError(f"unknown style {style!r}; expected one of {STYLES}")
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
+    if norm not in NORMS:
+        raise ValueError(f"unknown norm {norm!r}; expected one of {NORMS}")
     check_input(q, "q", layout, "qk_norm_rope")
     check_input(k, "k", layout, "qk_norm_rope")
     if k.dtype != q.dtype:
@@ -154,8 +178,9 @@ def validate(*, q, k, q_weight, k_weight, eps, cos, sin, positions, style, layou
     if d > MAX_HEAD_DIM:
         raise NotImplementedError(f"head_dim {d} exceeds {MAX_HEAD_DIM} (a head row is held "
                                   "in registers)")
-    _check_weight(q_weight, "q_weight", d, q.device)
-    _check_weight(k_weight, "k_weight", d, q.device)
+    token = norm == "token"
+    _check_weight(q_weight, "q_weight", d, q.device, hq if token else None)
+    _check_weight(k_weight, "k_weight", d, q.device, hk if token else None)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not (0 <= eps < math.inf):
         raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
     rot = d if rotary_dim is None else rotary_dim
@@ -200,7 +225,7 @@ def validate(*, q, k, q_weight, k_weight, eps, cos, sin, positions, style, layou
         raise ValueError(f"base must be a positive number, got {base!r}")
     return Geometry(batch=batch, seqlen=seqlen, q_heads=hq, k_heads=hk, head_dim=d,
                     rotary_dim=rot, table=table, table_rows=rows,
-                    interleaved=style == "interleaved")
+                    interleaved=style == "interleaved", norm=norm)
 
 
 def check_positions_in_table(g: Geometry, positions: Tensor | None) -> None:
@@ -263,11 +288,11 @@ def _common(g: Geometry, q: Tensor, cos, sin, positions, base) -> tuple[list, di
 
 def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float, *, cos, sin,
             positions, style, layout, rotary_dim, base, gemma, check_positions,
-            in_place: bool) -> tuple[Tensor, Tensor]:
+            in_place: bool, norm: str = "head") -> tuple[Tensor, Tensor]:
     """Validate, then one launch: new contiguous outputs, or q and k overwritten."""
     g = validate(q=q, k=k, q_weight=q_weight, k_weight=k_weight, eps=eps, cos=cos, sin=sin,
                  positions=positions, style=style, layout=layout, rotary_dim=rotary_dim,
-                 base=base)
+                 base=base, norm=norm)
     if in_place and q.numel() and q.data_ptr() == k.data_ptr():
         raise ValueError("q and k are the same memory; in place they must be distinct tensors")
     if check_positions:
@@ -282,6 +307,15 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
     ptrs, kw = _common(g, q, cos, sin, positions, base)
     bq = _block_heads(g.q_heads, g.head_dim, MAX_BLOCK_ELEMENTS)
     bk = _block_heads(g.k_heads, g.head_dim, MAX_BLOCK_ELEMENTS)
+    if g.norm == "token":
+        with _triton.device_guard(q.device):
+            K.qk_token_norm_rope_fwd_kernel[(g.tokens, 2)](
+                q, k, qo, ko, q_weight, k_weight, *ptrs,
+                g.seqlen, g.q_heads, g.k_heads, max(g.table_rows, 1), float(eps),
+                *_strides(q, layout), *_strides(k, layout), *_strides(qo, layout),
+                *_strides(ko, layout), q_weight.stride(0), k_weight.stride(0),
+                BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, num_warps=FORWARD_WARPS, **kw)
+        return qo, ko
     qb, kb = triton.cdiv(g.q_heads, bq), triton.cdiv(g.k_heads, bk)
     if qb + kb > _triton.MAX_GRID_Y:
         raise ValueError(f"{qb + kb} head blocks exceed the grid's y limit")
@@ -302,11 +336,11 @@ def _dense(g: Tensor | None, like: Tensor) -> Tensor:
 
 def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Tensor,
              k_weight: Tensor, eps: float, *, cos, sin, positions, style, layout, rotary_dim,
-             base, gemma) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+             base, gemma, norm: str = "head") -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dq_weight, dk_weight): one launch, then a fixed-order sum of the partial rows."""
     g = validate(q=q, k=k, q_weight=q_weight, k_weight=k_weight, eps=eps, cos=cos, sin=sin,
                  positions=positions, style=style, layout=layout, rotary_dim=rotary_dim,
-                 base=base)
+                 base=base, norm=norm)
     dq_out, dk_out = _dense(dq_out, q), _dense(dk_out, k)
     for name, grad, x in (("dq_out", dq_out, q), ("dk_out", dk_out, k)):
         if grad.shape != x.shape or grad.dtype != x.dtype or grad.device != x.device:
@@ -321,6 +355,10 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
     # partial rows (the deterministic reduction's cost), same parallelism.
     tpp = LONG_RUN_TOKENS if g.tokens >= LONG_RUN_MIN_TOKENS else 1
     groups = triton.cdiv(g.tokens, tpp)
+    if g.norm == "token":
+        return _backward_token_norm(g, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
+                                    cos, sin, positions, base, gemma, layout, bq, bk, tpp,
+                                    groups)
     qpart = _alloc.empty((groups * qb, g.head_dim), dtype=torch.float32, device=q.device)
     kpart = _alloc.empty((groups * kb, g.head_dim), dtype=torch.float32, device=q.device)
     if g.tokens and qb + kb:
@@ -341,16 +379,36 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
     return dq, dk, dqw, dkw
 
 
+def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
+                         cos, sin, positions, base, gemma, layout, bq, bk, tpp, groups):
+    """norm="token": one launch over (token groups, q and k), then the fixed-order sums of the
+    ``[groups, heads * head_dim]`` partial rows."""
+    qpart = _alloc.empty((groups, g.q_heads * g.head_dim), dtype=torch.float32, device=q.device)
+    kpart = _alloc.empty((groups, g.k_heads * g.head_dim), dtype=torch.float32, device=q.device)
+    if g.tokens and g.q_heads + g.k_heads:
+        ptrs, kw = _common(g, q, cos, sin, positions, base)
+        with _triton.device_guard(q.device):
+            K.qk_token_norm_rope_bwd_kernel[(groups, 2)](
+                q, k, dq_out, dk_out, dq, dk, q_weight, k_weight, qpart, kpart, *ptrs,
+                g.tokens, g.seqlen, g.q_heads, g.k_heads, max(g.table_rows, 1), float(eps),
+                *_strides(q, layout), *_strides(k, layout),
+                *_strides(dq_out, layout), *_strides(dk_out, layout), *_strides(dq, layout),
+                *_strides(dk, layout), q_weight.stride(0), k_weight.stride(0),
+                BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, TOKENS_PER_PROGRAM=tpp,
+                num_warps=BACKWARD_WARPS, **kw)
+    return dq, dk, qpart.sum(0).to(q_weight.dtype), kpart.sum(0).to(k_weight.dtype)
+
+
 # ---- custom ops ----------------------------------------------------------------------------------
 @torch.library.custom_op(f"{NAMESPACE}::qk_norm_rope", mutates_args=())
 def qk_norm_rope_op(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float,
                     cos: Tensor | None, sin: Tensor | None, positions: Tensor | None, style: str,
                     layout: str, rotary_dim: int | None, base: float, gemma: bool,
-                    check_positions: bool) -> tuple[Tensor, Tensor]:
+                    check_positions: bool, norm: str = "head") -> tuple[Tensor, Tensor]:
     """New contiguous (q_out, k_out)."""
     return forward(q, k, q_weight, k_weight, eps, cos=cos, sin=sin, positions=positions,
                    style=style, layout=layout, rotary_dim=rotary_dim, base=base, gemma=gemma,
-                   check_positions=check_positions, in_place=False)
+                   check_positions=check_positions, in_place=False, norm=norm)
 
 
 def _contiguous_like(x: Tensor) -> Tensor:
@@ -359,7 +417,7 @@ def _contiguous_like(x: Tensor) -> Tensor:
 
 @qk_norm_rope_op.register_fake
 def _qk_norm_rope_fake(q, k, q_weight, k_weight, eps, cos, sin, positions, style, layout,
-                       rotary_dim, base, gemma, check_positions):
+                       rotary_dim, base, gemma, check_positions, norm="head"):
     return _contiguous_like(q), _contiguous_like(k)
 
 
@@ -367,35 +425,36 @@ def _qk_norm_rope_fake(q, k, q_weight, k_weight, eps, cos, sin, positions, style
 def qk_norm_rope_backward_op(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor,
                              q_weight: Tensor, k_weight: Tensor, eps: float, cos: Tensor | None,
                              sin: Tensor | None, positions: Tensor | None, style: str,
-                             layout: str, rotary_dim: int | None, base: float, gemma: bool
-                             ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                             layout: str, rotary_dim: int | None, base: float, gemma: bool,
+                             norm: str = "head") -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(dq, dk, dq_weight, dk_weight); dq and dk contiguous."""
     return backward(dq_out, dk_out, q, k, q_weight, k_weight, eps, cos=cos, sin=sin,
                     positions=positions, style=style, layout=layout, rotary_dim=rotary_dim,
-                    base=base, gemma=gemma)
+                    base=base, gemma=gemma, norm=norm)
 
 
 @qk_norm_rope_backward_op.register_fake
 def _qk_norm_rope_backward_fake(dq_out, dk_out, q, k, q_weight, k_weight, eps, cos, sin,
-                                positions, style, layout, rotary_dim, base, gemma):
+                                positions, style, layout, rotary_dim, base, gemma, norm="head"):
     return (_contiguous_like(q), _contiguous_like(k), _contiguous_like(q_weight),
             _contiguous_like(k_weight))
 
 
 def _setup_context(ctx, inputs, output):
     (q, k, q_weight, k_weight, eps, cos, sin, positions, style, layout, rotary_dim, base,
-     gemma, _) = inputs
+     gemma) = inputs[:13]
+    norm = inputs[14] if len(inputs) > 14 else "head"  # the schema's default when not passed
     ctx.save_for_backward(q, k, q_weight, k_weight, cos, sin, positions)
-    ctx.scalars = (eps, style, layout, rotary_dim, base, gemma)
+    ctx.scalars = (eps, style, layout, rotary_dim, base, gemma, norm)
 
 
 def _backward(ctx, dq_out, dk_out):
     q, k, q_weight, k_weight, cos, sin, positions = ctx.saved_tensors
-    eps, style, layout, rotary_dim, base, gemma = ctx.scalars
+    eps, style, layout, rotary_dim, base, gemma, norm = ctx.scalars
     dq, dk, dqw, dkw = qk_norm_rope_backward_op(
         _dense(dq_out, q), _dense(dk_out, k), q, k, q_weight, k_weight, eps, cos, sin,
-        positions, style, layout, rotary_dim, base, gemma)
-    return (dq, dk, dqw, dkw) + (None,) * 10
+        positions, style, layout, rotary_dim, base, gemma, norm)
+    return (dq, dk, dqw, dkw) + (None,) * 11
 
 
 qk_norm_rope_op.register_autograd(_backward, setup_context=_setup_context)
@@ -406,22 +465,22 @@ def qk_norm_rope_inplace_op(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Te
                             eps: float, cos: Tensor | None, sin: Tensor | None,
                             positions: Tensor | None, style: str, layout: str,
                             rotary_dim: int | None, base: float, gemma: bool,
-                            check_positions: bool) -> None:
+                            check_positions: bool, norm: str = "head") -> None:
     """q and k overwritten by their outputs."""
     forward(q, k, q_weight, k_weight, eps, cos=cos, sin=sin, positions=positions, style=style,
             layout=layout, rotary_dim=rotary_dim, base=base, gemma=gemma,
-            check_positions=check_positions, in_place=True)
+            check_positions=check_positions, in_place=True, norm=norm)
 
 
 @qk_norm_rope_inplace_op.register_fake
 def _qk_norm_rope_inplace_fake(q, k, q_weight, k_weight, eps, cos, sin, positions, style, layout,
-                               rotary_dim, base, gemma, check_positions):
+                               rotary_dim, base, gemma, check_positions, norm="head"):
     return None
 
 
 # ---- public functions ----------------------------------------------------------------------------
 def _op_args(q, k, q_weight, k_weight, eps, cos, sin, positions, style, layout, rotary_dim,
-             base, gemma, check_positions) -> tuple:
+             base, gemma, check_positions, norm="head") -> tuple:
     """The ops' arguments, with the Python types their schema needs checked here (a wrong type
     would otherwise surface as a schema error)."""
     for name, v in (("eps", eps), ("base", base)):
@@ -430,17 +489,18 @@ def _op_args(q, k, q_weight, k_weight, eps, cos, sin, positions, style, layout, 
     for name, v in (("gemma", gemma), ("check_positions", check_positions)):
         if not isinstance(v, bool):
             raise TypeError(f"{name} must be a bool, got {type(v).__name__}")
-    if not isinstance(style, str) or not isinstance(layout, str):
-        raise TypeError("style and layout must be strings")
+    if not isinstance(style, str) or not isinstance(layout, str) or not isinstance(norm, str):
+        raise TypeError("style, layout and norm must be strings")
     return (q, k, q_weight, k_weight, float(eps), cos, sin, positions, style, layout,
-            rotary_dim, float(base), gemma, check_positions)
+            rotary_dim, float(base), gemma, check_positions, norm)
 
 
 def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float, *,
                  cos: Tensor | None = None, sin: Tensor | None = None,
                  positions: Tensor | None = None, style: str = "rotate_half",
                  layout: str = "bshd", rotary_dim: int | None = None, base: float = 10000.0,
-                 gemma: bool = False, check_positions: bool = True) -> tuple[Tensor, Tensor]:
+                 gemma: bool = False, check_positions: bool = True,
+                 norm: str = "head") -> tuple[Tensor, Tensor]:
     """RMSNorm each head of q and k (weights of head_dim elements), then rotate them by RoPE.
 
     Parameters
@@ -451,7 +511,7 @@ def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: 
         any strides. k may have fewer heads (GQA/MQA).
     q_weight, k_weight
         ``[d]``, float32/float16/bfloat16: the RMSNorm weights (``q_norm.weight``,
-        ``k_norm.weight``).
+        ``k_norm.weight``); ``[hq * d]`` and ``[hk * d]`` with ``norm="token"``.
     eps
         The RMSNorm epsilon (``rms_norm_eps``), >= 0.
     cos, sin
@@ -468,6 +528,9 @@ def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: 
     check_positions
         Check that every position indexes a table row (ids cost one device sync; skipped
         during a CUDA-graph capture).
+    norm
+        ``head`` (Qwen3, Gemma3): each head on its own; ``token`` (OLMo2): each token's heads
+        of q (and of k) together, one weight per channel of the token.
 
     Returns
     -------
@@ -480,7 +543,7 @@ def qk_norm_rope(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: 
     ...                             cos=cos, sin=sin, layout="bshd")  # doctest: +SKIP
     """
     args = _op_args(q, k, q_weight, k_weight, eps, cos, sin, positions, style, layout,
-                    rotary_dim, base, gemma, check_positions)
+                    rotary_dim, base, gemma, check_positions, norm)
     qo, ko = torch.ops.fastrope.qk_norm_rope(*args)
     return qo, ko
 
@@ -490,11 +553,12 @@ def qk_norm_rope_inplace(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tenso
                          positions: Tensor | None = None, style: str = "rotate_half",
                          layout: str = "bshd", rotary_dim: int | None = None,
                          base: float = 10000.0, gemma: bool = False,
-                         check_positions: bool = True) -> tuple[Tensor, Tensor]:
+                         check_positions: bool = True, norm: str = "head"
+                         ) -> tuple[Tensor, Tensor]:
     """As :func:`qk_norm_rope`, overwriting q and k; returns them. Inference only: refused while
     a gradient is recorded (the backward needs the inputs this overwrites)."""
     args = _op_args(q, k, q_weight, k_weight, eps, cos, sin, positions, style, layout,
-                    rotary_dim, base, gemma, check_positions)
+                    rotary_dim, base, gemma, check_positions, norm)
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in (q, k, q_weight, k_weight)):
         raise NotImplementedError("qk_norm_rope_inplace overwrites the inputs its backward "

@@ -281,5 +281,214 @@ def qk_norm_rope_bwd_kernel(
                         GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM)
 
 
+# ---- norm over all heads of a token (OLMo2) ---------------------------------------------------
+# The weight has heads * D elements (row h of it for head h); the mean square is over the token's
+# heads * D channels. A program takes every head of one tensor (grid y: 0 = q, 1 = k) for one
+# token (forward) or TOKENS_PER_PROGRAM tokens (backward), in blocks of BLOCK_H heads, and reads
+# its rows twice: once for the token's sums, once to write (the second read of a token's few KB
+# comes from L1/L2, not DRAM).
+
+
+@triton.jit
+def _head_weights(w_ptr, sw, h, hm, D: tl.constexpr, HALF: tl.constexpr,
+                  PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr,
+                  GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """Rows h of a ``[heads * D]`` weight, [BLOCK_H, *] fp32 pieces (``1 + w`` for Gemma)."""
+    w1, w2, wt = _load_rows(w_ptr + h * D * sw, sw, hm, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
+                            INTERLEAVED, HAS_TAIL)
+    if GEMMA:
+        w1 = w1 + 1.0
+        w2 = w2 + 1.0
+        wt = wt + 1.0
+    return w1, w2, wt
+
+
+@triton.jit
+def _sum_all(a):
+    return tl.sum(tl.sum(a, axis=1), axis=0)
+
+
+@triton.jit
+def _forward_token(x_ptr, o_ptr, w_ptr, b, s, n_heads, c1, s1, c2, s2, eps,
+                   sxb, sxs, sxh, sxd, sob, sos, soh, sod, sw,
+                   D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
+                   TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
+                   GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """Norm over all heads of one token, then rotate each head."""
+    ss = tl.zeros([1, 1], dtype=tl.float32)
+    for h0 in range(0, n_heads, BLOCK_H):
+        h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
+        hm = h < n_heads
+        x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
+                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+        ss += _sum_all(x1 * x1) + _sum_all(x2 * x2) + _sum_all(xt * xt)
+    rstd = tl.rsqrt(ss / (n_heads * D) + eps)
+    for h0 in range(0, n_heads, BLOCK_H):
+        h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
+        hm = h < n_heads
+        x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
+                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+        w1, w2, wt = _head_weights(w_ptr, sw, h, hm, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
+                                   INTERLEAVED, GEMMA, HAS_TAIL)
+        z1 = x1 * rstd * w1
+        z2 = x2 * rstd * w2
+        zt = xt * rstd * wt
+        y1 = z1 * c1 - z2 * s1
+        y2 = z2 * c2 + z1 * s2
+        _store_rows(o_ptr + b * sob + s * sos + h * soh, sod, hm, y1, y2, zt, D, HALF,
+                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+
+
+@triton.jit
+def qk_token_norm_rope_fwd_kernel(
+        q_ptr, k_ptr, qo_ptr, ko_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, inv_ptr, pos_ptr,
+        S, HQ, HK, rows, eps,
+        sqb, sqs, sqh, sqd, skb, sks, skh, skd,
+        sqob, sqos, sqoh, sqod, skob, skos, skoh, skod,
+        sqw, skw, tsr, tsc, psb, pss,
+        D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
+        BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
+        TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
+        HAS_TAIL: tl.constexpr):
+    """Grid (tokens, 2): y = RoPE(rmsnorm over the token's heads(x) * w), q (y 0) and k (y 1)."""
+    tok = tl.program_id(0).to(tl.int64)
+    which = tl.program_id(1)
+    b = tok // S
+    s = tok - b * S
+    c1, s1, c2, s2 = _angles(b, s, True, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows,
+                             tsr, tsc, HALF, PAIR_BLOCK, INTERLEAVED, TABLE, HAS_POS)
+    if which == 0:
+        _forward_token(q_ptr, qo_ptr, qw_ptr, b, s, HQ, c1, s1, c2, s2, eps,
+                       sqb, sqs, sqh, sqd, sqob, sqos, sqoh, sqod, sqw,
+                       D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, GEMMA, HAS_TAIL)
+    else:
+        _forward_token(k_ptr, ko_ptr, kw_ptr, b, s, HK, c1, s1, c2, s2, eps,
+                       skb, sks, skh, skd, skob, skos, skoh, skod, skw,
+                       D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, GEMMA, HAS_TAIL)
+
+
+@triton.jit
+def _backward_token(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, grp, tok0, T, S, n_heads, eps,
+                    pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
+                    sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds, sdh, sdd, sw,
+                    D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
+                    TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
+                    TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
+                    HAS_TAIL: tl.constexpr, TOKENS_PER_PROGRAM: tl.constexpr):
+    """dx of every head of tokens tok0 .. tok0 + TOKENS_PER_PROGRAM - 1, and their weight-gradient
+    partial sums as row ``grp`` of the [programs, heads * D] buffer.
+
+    Pass 1, per token: ``sum(x^2)`` and ``sum(dx_hat * x)`` over its heads give ``rstd`` and
+    ``mean(dx_hat * x_hat) = rstd * sum(dx_hat * x) / N``, kept in two [TOKENS_PER_PROGRAM]
+    registers. Pass 2, per block of heads, over the tokens: dx, and the block's dweight rows
+    summed in registers."""
+    n = n_heads * D
+    slots = tl.arange(0, TOKENS_PER_PROGRAM)
+    rstds = tl.zeros([TOKENS_PER_PROGRAM], dtype=tl.float32)
+    dots = tl.zeros([TOKENS_PER_PROGRAM], dtype=tl.float32)
+    for i in range(TOKENS_PER_PROGRAM):
+        tok = tok0 + i
+        valid = tok < T
+        b = tok // S
+        s = tok - b * S
+        c1, s1, c2, s2 = _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
+                                 rows, tsr, tsc, HALF, PAIR_BLOCK, INTERLEAVED, TABLE, HAS_POS)
+        ss = tl.zeros([1, 1], dtype=tl.float32)
+        sd = tl.zeros([1, 1], dtype=tl.float32)
+        for h0 in range(0, n_heads, BLOCK_H):
+            h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
+            hm = (h < n_heads) & valid
+            x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
+                                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+            g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
+                                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+            w1, w2, wt = _head_weights(w_ptr, sw, h, hm, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
+                                       INTERLEAVED, GEMMA, HAS_TAIL)
+            dz1 = g1 * c1 + g2 * s2
+            dz2 = g2 * c2 - g1 * s1
+            ss += _sum_all(x1 * x1) + _sum_all(x2 * x2) + _sum_all(xt * xt)
+            sd += _sum_all(dz1 * w1 * x1) + _sum_all(dz2 * w2 * x2) + _sum_all(gt * wt * xt)
+        rstd = tl.rsqrt(ss / n + eps)
+        dot = rstd * sd / n
+        rstds = tl.where(slots == i, tl.sum(tl.sum(rstd, axis=1), axis=0), rstds)
+        dots = tl.where(slots == i, tl.sum(tl.sum(dot, axis=1), axis=0), dots)
+    j, o1, o2 = _members(HALF, PAIR_BLOCK, INTERLEAVED)
+    pm = j < HALF
+    for h0 in range(0, n_heads, BLOCK_H):
+        h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
+        hh = h < n_heads
+        w1, w2, wt = _head_weights(w_ptr, sw, h, hh, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
+                                   INTERLEAVED, GEMMA, HAS_TAIL)
+        acc1 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
+        acc2 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
+        acct = tl.zeros([BLOCK_H, TAIL_BLOCK], dtype=tl.float32)
+        for i in range(TOKENS_PER_PROGRAM):
+            tok = tok0 + i
+            valid = tok < T
+            b = tok // S
+            s = tok - b * S
+            hm = hh & valid
+            rstd = tl.sum(tl.where(slots == i, rstds, 0.0), axis=0)
+            dot = tl.sum(tl.where(slots == i, dots, 0.0), axis=0)
+            c1, s1, c2, s2 = _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
+                                     rows, tsr, tsc, HALF, PAIR_BLOCK, INTERLEAVED, TABLE,
+                                     HAS_POS)
+            x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
+                                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+            g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
+                                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+            xh1 = tl.where(hm & pm, x1 * rstd, 0.0)
+            xh2 = tl.where(hm & pm, x2 * rstd, 0.0)
+            xht = tl.where(hm, xt * rstd, 0.0)
+            dz1 = g1 * c1 + g2 * s2
+            dz2 = g2 * c2 - g1 * s1
+            acc1 += dz1 * xh1
+            acc2 += dz2 * xh2
+            acct += gt * xht
+            _store_rows(dx_ptr + b * sdb + s * sds + h * sdh, sdd, hm,
+                        rstd * (dz1 * w1 - xh1 * dot), rstd * (dz2 * w2 - xh2 * dot),
+                        rstd * (gt * wt - xht * dot), D, HALF, PAIR_BLOCK, TAIL_BLOCK,
+                        INTERLEAVED, HAS_TAIL)
+        prow = part_ptr + grp * n + h * D
+        tl.store(prow + o1, acc1, mask=hh & pm)
+        tl.store(prow + o2, acc2, mask=hh & pm)
+        if HAS_TAIL:
+            t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
+            tl.store(prow + t, acct, mask=hh & (t < D))
+
+
+@triton.jit
+def qk_token_norm_rope_bwd_kernel(
+        q_ptr, k_ptr, gq_ptr, gk_ptr, dq_ptr, dk_ptr, qw_ptr, kw_ptr, qpart_ptr, kpart_ptr,
+        cos_ptr, sin_ptr, inv_ptr, pos_ptr,
+        T, S, HQ, HK, rows, eps,
+        sqb, sqs, sqh, sqd, skb, sks, skh, skd,
+        sgqb, sgqs, sgqh, sgqd, sgkb, sgks, sgkh, sgkd,
+        sdqb, sdqs, sdqh, sdqd, sdkb, sdks, sdkh, sdkd,
+        sqw, skw, tsr, tsc, psb, pss,
+        D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
+        BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
+        TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr,
+        TOKENS_PER_PROGRAM: tl.constexpr):
+    """Grid (token groups, 2): dq (y 0) or dk (y 1) and the weight-gradient partial row
+    ``group`` of ``[groups, heads * D]``."""
+    grp = tl.program_id(0).to(tl.int64)
+    which = tl.program_id(1)
+    tok0 = grp * TOKENS_PER_PROGRAM
+    if which == 0:
+        _backward_token(q_ptr, gq_ptr, dq_ptr, qw_ptr, qpart_ptr, grp, tok0, T, S, HQ, eps,
+                        pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
+                        sqb, sqs, sqh, sqd, sgqb, sgqs, sgqh, sgqd, sdqb, sdqs, sdqh, sdqd, sqw,
+                        D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, TABLE, HAS_POS,
+                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM)
+    else:
+        _backward_token(k_ptr, gk_ptr, dk_ptr, kw_ptr, kpart_ptr, grp, tok0, T, S, HK, eps,
+                        pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
+                        skb, sks, skh, skd, sgkb, sgks, sgkh, sgkd, sdkb, sdks, sdkh, sdkd, skw,
+                        D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, TABLE, HAS_POS,
+                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM)
+
+
 __all__ = ["TABLE_COMPUTED", "TABLE_FULL", "TABLE_HALF", "qk_norm_rope_fwd_kernel",
-           "qk_norm_rope_bwd_kernel"]
+           "qk_norm_rope_bwd_kernel", "qk_token_norm_rope_fwd_kernel",
+           "qk_token_norm_rope_bwd_kernel"]

@@ -23,6 +23,10 @@ num_kv_heads, head_dim)``, fp16 or bf16, last dim contiguous, token and head str
   key, head_size, cos_sin_cache, is_neox)`` with an fp32 ``[max_pos, rotary_dim]`` cache
   (``cat(cos, sin)`` of the half-width tables).
 
+The same commit's fused QK RMSNorm + 3-D RoPE (``fused_qk_rmsnorm_rope``, a video-diffusion
+kernel that normalises over all heads of a token) is ported beside them in
+:mod:`ports.flashinfer_port.qknorm` (its own header and departures) and re-exported here.
+
 Kept from the original: the per-thread vector layout and block shape; the strategy choice of the
 pos_ids and cache paths (sequential heads when the token blocks fill the GPU's resident slots by
 ``cudaOccupancyMaxActiveBlocksPerMultiprocessor`` x SMs, else head-parallel; the Llama 3.1
@@ -265,7 +269,10 @@ def apply_rope_with_cos_sin_cache_inplace(positions: torch.Tensor, query: torch.
                                         check_positions_on_host=check_positions_on_host)
 
 
-__all__ = ["UPSTREAM", "LLAMA31_DEFAULTS", "apply_rope", "apply_rope_inplace", "apply_rope_pos_ids",
+from ports.flashinfer_port.qknorm import fused_qk_rmsnorm_rope  # noqa: E402  (fused QK norm)
+
+__all__ = ["UPSTREAM", "LLAMA31_DEFAULTS", "fused_qk_rmsnorm_rope",
+           "apply_rope", "apply_rope_inplace", "apply_rope_pos_ids",
            "apply_rope_pos_ids_inplace", "apply_llama31_rope", "apply_llama31_rope_inplace",
            "apply_llama31_rope_pos_ids", "apply_llama31_rope_pos_ids_inplace",
            "apply_rope_with_cos_sin_cache", "apply_rope_with_cos_sin_cache_inplace"]

@@ -1,35 +1,63 @@
-"""Times fused ``qk_norm_rope`` against the unfused pairs, forward and backward, on the GPU.
+"""The ``qknorm`` suite: fused per-head QK-norm + RoPE against its peers and the unfused pairs,
+forward and backward, on equal inputs, on the GPU.
 
     python -m ports.harness.qknorm_bench [--dtype bf16] [--rep-ms 100] [--shapes NAME..]
-                                                [--set BACKWARD_WARPS=8 ...]
+                                         [--check] [--json PATH] [--set BACKWARD_WARPS=8 ...]
 
-Rows, per shape and direction (every time the median of CUDA-graph replays, in us):
+Rows, per shape and direction (every time the median of CUDA-graph replays, in us). Every row
+gets the same q, k ``[b, s, h, d]``, weights and cos/sin values (seed 0); a row whose API takes
+another form gets it built outside the timed call, and the table's ``input`` column says which:
 
-* ``fused``: :func:`ports.fastrope.qknorm.qk_norm_rope`;
-* ``rms_norm + fastrope``: ``torch.nn.functional.rms_norm`` on q and k, then
-  ``fastrope.apply_rope`` (one RMSNorm kernel per tensor, then one RoPE launch for both);
-* ``hf eager + fastrope``: transformers' Qwen3RMSNorm formula in eager PyTorch, then
-  ``fastrope.apply_rope``;
+* ``fastrope fused``: :func:`ports.fastrope.qknorm.qk_norm_rope` (forward, backward);
+* ``vllm_port fused (fwd only)``: vLLM's ``fused_qk_norm_rope``
+  (:mod:`ports.vllm_port.qknorm`), forward only as upstream, in place on a packed
+  ``qkv [b*s, (hq + 2 hk) * d]`` (its API: v's heads ride along untouched) with its
+  ``cat(cos, sin)`` cache and int64 positions; only the kernel is timed (positions trusted);
+* ``fastrope fused token-norm``: ``qk_norm_rope(..., norm="token")``, OLMo2's norm over all
+  heads of a token, with the per-head weight tiled over the heads (forward, backward): the
+  function FlashInfer's kernel computes, for comparison with its row;
+* ``flashinfer_port token-norm (fwd only)``: FlashInfer's ``fused_qk_rmsnorm_rope``
+  (:mod:`ports.flashinfer_port.qknorm`), its only fused QK-norm + RoPE: a video-diffusion kernel
+  whose norm spans all heads of a token (OLMo2's form, not Qwen3's), so it gets the same weight
+  values tiled over the heads and is checked against the oracle of *that* norm; bf16 only;
+  packed qkv in, separate q, k and v out (it copies v: its bytes are (q + k + v) x 2, while
+  ``% copy`` counts q and k only); 1-D RoPE as its 3-D form with ``pph = ppw = 1``, angles
+  computed in the kernel (``__sincosf``); outputs preallocated, only the kernel timed;
 * ``compiled unfused``: ``torch.compile(fullgraph=True)`` of transformers' norm then its
-  rotate-half RoPE (what a user gets today by compiling the model);
-* ``copy``: a device-to-device copy moving the same bytes as the fused kernel must:
-  forward, read q and k and write them (2 x (q + k) bytes); backward, read dy and the saved x of
-  q and k and write dq and dk (3 x (q + k) bytes).
+  rotate-half RoPE (what a user gets today by compiling the model; forward, backward);
+* ``hf eager``: the same two steps in eager PyTorch;
+* ``rms_norm + fastrope``: fastrope's own unfused pair, ``torch.nn.functional.rms_norm`` (one
+  RMSNorm kernel per tensor) then ``fastrope.apply_rope`` (one RoPE launch for q and k);
+* ``hf eager + fastrope``: transformers' RMSNorm formula in eager PyTorch, then fastrope;
+* ``copy``: a device-to-device copy moving the bytes the fused kernel must move: forward, read q
+  and k and write them (2 x (q + k) bytes); backward, read dy and the saved x of q and k and
+  write dq and dk (3 x (q + k) bytes; the weight-gradient partials add 2 x 4 x d bytes a program).
 
 ``% copy`` is the copy's time over the row's time (100% = at the copy ceiling); ``x unfused``
-is the ``rms_norm + fastrope`` time over the row's. Backward rows time
-``torch.autograd.grad`` of the outputs with respect to q, k and (where the row has them as
-parameters) the two weights. Prints a markdown table.
+is the ``rms_norm + fastrope`` time over the row's. Backward rows time ``torch.autograd.grad``
+of the outputs with respect to q, k and the two weights.
+
+``--check`` first runs every row once and compares its outputs (forward: q and k; backward: dq
+and dk) with the float64 oracle of norm then RoPE (:mod:`reference.qk_norm`, on the GPU); the
+``err`` column gives the largest error in units of the output dtype's spacing at the
+reference's largest magnitude (ulp). A row beyond ``WRONG_ULPS`` (or with a NaN) is not timed:
+its cell says so. ``--json PATH`` writes the table as a results data file (columns and rows as
+quoted, with GPU, versions, commit, date and command; the raw measurements beside them); an
+existing file from the same dtype keeps its rows of shapes not run now, so several runs (one
+per group of shapes) fill one file.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 EPS = 1e-6
+WRONG_ULPS = 64.0  # the check's bound: beyond this many output ulps a row is wrong, not rough
 
 
 @dataclass(frozen=True)
@@ -43,13 +71,22 @@ class Shape:
     gemma: bool = False
 
 
+# Qwen3-8B's attention (32 q / 8 kv heads of 128) at decode and prefill token counts up to 32k,
+# Qwen3-0.6B's (16 / 8), and Gemma3's head of 256 with its (1 + w) weight.
 SHAPES = [
+    Shape("decode 1 token", 1, 1, 32, 8, 128),
+    Shape("decode 64 tokens", 64, 1, 32, 8, 128),
+    Shape("qwen3-8b prefill 1k", 1, 1024, 32, 8, 128),
     Shape("qwen3-8b prefill 4k", 1, 4096, 32, 8, 128),
     Shape("qwen3-8b train 4x4k", 4, 4096, 32, 8, 128),
+    Shape("qwen3-8b prefill 32k", 1, 32768, 32, 8, 128),
     Shape("qwen3-0.6b 16k", 1, 16384, 16, 8, 128),
     Shape("gemma3 8k (d 256)", 1, 8192, 8, 4, 256, gemma=True),
-    Shape("decode 64 tokens", 64, 1, 32, 8, 128),
 ]
+
+Q_K = "q, k [b, s, h, d]"
+PACKED = "packed qkv [b*s, (hq+2hk)*d], in place"
+PACKED_OUT = "packed qkv in; q, k, v out (v copied); norm over all heads"
 
 
 def _hf_norm(x, w, eps, gemma):
@@ -68,39 +105,141 @@ def _hf_rope(x, cos, sin):
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def _unfused_compiled(q, k, qw, kw, cos, sin, gemma):
+def _unfused(q, k, qw, kw, cos, sin, gemma):
     qn, kn = _hf_norm(q, qw, EPS, gemma), _hf_norm(k, kw, EPS, gemma)
     return _hf_rope(qn, cos, sin), _hf_rope(kn, cos, sin)
 
 
-def _rows(shape: Shape, dtype: torch.dtype):
-    """(name, forward fn) pairs; each fn takes (q, k, qw, kw, cos, sin) and returns (q, k)."""
+# ---- the packed-qkv peers' inputs, built outside the timed call ------------------------------
+def packed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``[b*s, (hq + hk + hv) * d]``, contiguous: each token's q heads, then k's, then v's (what a
+    fused QKV projection writes)."""
+    b, s = q.shape[:2]
+    return torch.cat([t.reshape(b * s, -1) for t in (q, k, v)], dim=-1).contiguous()
+
+
+def unpack_qk(qkv: torch.Tensor, shape: Shape) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of q and k ``[b, s, h, d]`` inside a packed qkv."""
+    q = qkv[:, : shape.hq * shape.d]
+    k = qkv[:, shape.hq * shape.d: (shape.hq + shape.hk) * shape.d]
+    return (q.reshape(shape.b, shape.s, shape.hq, shape.d),
+            k.reshape(shape.b, shape.s, shape.hk, shape.d))
+
+
+def cat_cos_sin_cache(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """vLLM's ``cos_sin_cache`` ``[L, R]`` from rotate-half full-width tables: each row the cos
+    half then the sin half (the same values the other rows read)."""
+    from reference.tables import first_members
+
+    return torch.cat([first_members(cos, "rotate_half"), first_members(sin, "rotate_half")],
+                     dim=-1).contiguous()
+
+
+@dataclass
+class Row:
+    """One implementation: ``prepare(q, k, qw, kw, cos, sin)`` (outside the timed call) returns
+    ``run``, which computes and returns ``(q_out, k_out)``; ``backward`` False: forward only."""
+
+    name: str
+    input: str
+    prepare: object
+    backward: bool = True
+    refuses: object = None  # (Shape, dtype) -> reason or None
+    norm: str = "head"      # the oracle it is checked against (reference.qk_norm.NORMS)
+
+
+def _rows(shape: Shape) -> list[Row]:
     from ports.fastrope import apply_rope
     from ports.fastrope.qknorm import qk_norm_rope
 
-    s = shape.s
+    s, gemma = shape.s, shape.gemma
+
+    def direct(fn):
+        return lambda q, k, qw, kw, cos, sin: (lambda: fn(q, k, qw, kw, cos, sin))
 
     def fused(q, k, qw, kw, cos, sin):
-        return qk_norm_rope(q, k, qw, kw, EPS, cos=cos, sin=sin, gemma=shape.gemma)
+        return qk_norm_rope(q, k, qw, kw, EPS, cos=cos, sin=sin, gemma=gemma)
+
+    def fused_token(q, k, qw, kw, cos, sin):  # the per-head weights tiled over the heads
+        return qk_norm_rope(q, k, qw.repeat(q.shape[-2]), kw.repeat(k.shape[-2]), EPS, cos=cos,
+                            sin=sin, gemma=gemma, norm="token")
 
     def rms_norm_fastrope(q, k, qw, kw, cos, sin):
         d = q.shape[-1]
-        wq, wk = (1.0 + qw, 1.0 + kw) if shape.gemma else (qw, kw)
+        wq, wk = (1.0 + qw, 1.0 + kw) if gemma else (qw, kw)
         qn = torch.nn.functional.rms_norm(q, (d,), wq.to(q.dtype), EPS)
         kn = torch.nn.functional.rms_norm(k, (d,), wk.to(k.dtype), EPS)
         return apply_rope(qn, kn, cos=cos, sin=sin, check_positions=False)
 
     def hf_fastrope(q, k, qw, kw, cos, sin):
-        return apply_rope(_hf_norm(q, qw, EPS, shape.gemma), _hf_norm(k, kw, EPS, shape.gemma),
+        return apply_rope(_hf_norm(q, qw, EPS, gemma), _hf_norm(k, kw, EPS, gemma),
                           cos=cos, sin=sin, check_positions=False)
 
-    compiled = torch.compile(_unfused_compiled, fullgraph=True)
+    def hf_eager(q, k, qw, kw, cos, sin):
+        return _unfused(q, k, qw, kw, cos[:s], sin[:s], gemma)
+
+    compiled = torch.compile(_unfused, fullgraph=True)
 
     def compiled_unfused(q, k, qw, kw, cos, sin):
-        return compiled(q, k, qw, kw, cos[:s], sin[:s], shape.gemma)
+        return compiled(q, k, qw, kw, cos[:s], sin[:s], gemma)
 
-    return [("fused", fused), ("rms_norm + fastrope", rms_norm_fastrope),
-            ("hf eager + fastrope", hf_fastrope), ("compiled unfused", compiled_unfused)]
+    def vllm_prepare(q, k, qw, kw, cos, sin):
+        from ports.vllm_port import fused_qk_norm_rope
+
+        v = torch.randn_like(k)
+        qkv = packed_qkv(q.detach(), k.detach(), v)
+        cache = cat_cos_sin_cache(cos, sin)
+        pos = torch.arange(s, device=q.device, dtype=torch.int64).repeat(shape.b)
+        qw_, kw_ = qw.detach().to(q.dtype), kw.detach().to(k.dtype)
+        fused_qk_norm_rope(qkv, shape.hq, shape.hk, shape.hk, shape.d, EPS, qw_, kw_, cache,
+                           True, pos)  # once with the host position check
+        qkv.copy_(packed_qkv(q.detach(), k.detach(), v))
+
+        def run():
+            fused_qk_norm_rope(qkv, shape.hq, shape.hk, shape.hk, shape.d, EPS, qw_, kw_, cache,
+                               True, pos, check_positions_on_host=False)
+            return unpack_qk(qkv, shape)
+        return run
+
+    def vllm_refuses(sh: Shape, dtype: torch.dtype):
+        return "no (1 + w) weight form" if sh.gemma else None
+
+    def flashinfer_prepare(q, k, qw, kw, cos, sin):
+        from ports.flashinfer_port import fused_qk_rmsnorm_rope
+
+        v = torch.randn_like(k)
+        qkv = packed_qkv(q.detach(), k.detach(), v)
+        qw_, kw_ = (w.detach().to(q.dtype).repeat(h).contiguous()
+                    for w, h in ((qw, shape.hq), (kw, shape.hk)))
+        outs = [torch.empty(shape.b * s, h, shape.d, dtype=q.dtype, device=q.device)
+                for h in (shape.hq, shape.hk, shape.hk)]
+        kwargs = dict(ppf=s, pph=1, ppw=1, num_frame_channels=shape.d, num_height_channels=0,
+                      num_width_channels=0, num_heads_q=shape.hq, num_heads_k=shape.hk,
+                      num_heads_v=shape.hk, head_dim=shape.d, eps=EPS, interleave=False,
+                      q_out=outs[0], k_out=outs[1], v_out=outs[2])
+
+        def run():
+            qo, ko, _ = fused_qk_rmsnorm_rope(qkv, qw_, kw_, **kwargs)
+            return (qo.view(shape.b, s, shape.hq, shape.d),
+                    ko.view(shape.b, s, shape.hk, shape.d))
+        return run
+
+    def flashinfer_refuses(sh: Shape, dtype: torch.dtype):
+        if sh.gemma:
+            return "no (1 + w) weight form"
+        return None if dtype == torch.bfloat16 else "bf16 only"
+
+    return [Row("fastrope fused", Q_K, direct(fused)),
+            Row("vllm_port fused (fwd only)", PACKED, vllm_prepare, backward=False,
+                refuses=vllm_refuses),
+            Row("fastrope fused token-norm", Q_K + ", norm over all heads", direct(fused_token),
+                norm="token"),
+            Row("flashinfer_port token-norm (fwd only)", PACKED_OUT, flashinfer_prepare,
+                backward=False, refuses=flashinfer_refuses, norm="token"),
+            Row("compiled unfused", Q_K, direct(compiled_unfused)),
+            Row("hf eager", Q_K, direct(hf_eager)),
+            Row("rms_norm + fastrope", Q_K, direct(rms_norm_fastrope)),
+            Row("hf eager + fastrope", Q_K, direct(hf_fastrope))]
 
 
 def _inputs(shape: Shape, dtype: torch.dtype, grad: bool):
@@ -109,8 +248,10 @@ def _inputs(shape: Shape, dtype: torch.dtype, grad: bool):
     g = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(shape.b, shape.s, shape.hq, shape.d, device="cuda", generator=g).to(dtype)
     k = torch.randn(shape.b, shape.s, shape.hk, shape.d, device="cuda", generator=g).to(dtype)
-    qw = (torch.randn(shape.d, device="cuda", generator=g) * 0.1 + 1).to(dtype)
-    kw = (torch.randn(shape.d, device="cuda", generator=g) * 0.1 + 1).to(dtype)
+    qw = (torch.randn(shape.d, device="cuda", generator=g) * 0.1
+          + (0.0 if shape.gemma else 1.0)).to(dtype)
+    kw = (torch.randn(shape.d, device="cuda", generator=g) * 0.1
+          + (0.0 if shape.gemma else 1.0)).to(dtype)
     cos, sin = rope_tables(shape.s, shape.d, device="cuda")
     if grad:
         for t in (q, k, qw, kw):
@@ -118,7 +259,37 @@ def _inputs(shape: Shape, dtype: torch.dtype, grad: bool):
     return q, k, qw, kw, cos, sin
 
 
-def measure(shape: Shape, dtype: torch.dtype, rep_ms: int) -> list[dict]:
+# ---- the check against the float64 oracle ---------------------------------------------------
+def ulps_off(actual: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> float:
+    """Largest ``|actual - ref|`` in units of ``dtype``'s spacing at ``max|ref|`` (inf on NaN)."""
+    from reference.tolerances import ulp
+
+    actual = actual.detach().to(torch.float64)
+    if actual.isnan().any():
+        return float("inf")
+    err = float((actual - ref).abs().max()) if ref.numel() else 0.0
+    return err / ulp(float(ref.abs().max()) if ref.numel() else 0.0, dtype)
+
+
+def oracle(shape: Shape, args, direction: str, grads=None, norm: str = "head"):
+    """The float64 reference: (q, k) forward; (dq, dk) backward. ``norm="token"``: the norm over
+    all heads, with each per-head weight tiled over the heads."""
+    from reference.qk_norm import qk_norm_rope_oracle, qk_norm_rope_oracle_backward
+
+    q, k, qw, kw, cos, sin = args
+    pos = torch.arange(shape.s, device=q.device).expand(shape.b, shape.s)
+    kw_ = dict(cos_table=cos.double(), sin_table=sin.double(), positions=pos, layout="bshd",
+               style="rotate_half", gemma=shape.gemma)
+    if norm == "token" and qw.numel() == q.shape[-1]:  # a per-head weight, tiled
+        qw, kw = (w.detach().repeat(x.shape[-2]) for x, w in ((q, qw), (k, kw)))
+    if direction == "forward":
+        return tuple(qk_norm_rope_oracle(x.detach(), w.detach(), EPS, norm=norm, **kw_)
+                     for x, w in ((q, qw), (k, kw)))
+    return tuple(qk_norm_rope_oracle_backward(x, w, g, EPS, norm=norm, **kw_)[0]
+                 for x, w, g in ((q, qw, grads[0]), (k, kw, grads[1])))
+
+
+def measure(shape: Shape, dtype: torch.dtype, rep_ms: int, *, check: bool = False) -> list[dict]:
     """One row per (direction, implementation), plus the copy rows."""
     from ports.harness.timing import copy_us, graph_median_us
 
@@ -127,51 +298,136 @@ def measure(shape: Shape, dtype: torch.dtype, rep_ms: int) -> list[dict]:
     rows = []
     for direction, moved in (("forward", 2 * qk_bytes), ("backward", 3 * qk_bytes)):
         copy = copy_us(moved // 2, graph=True)
-        rows.append(dict(shape=shape.name, direction=direction, impl="copy", us=copy,
-                         copy_us=copy))
-        for name, fn in _rows(shape, dtype):
+        base = dict(shape=shape.name, direction=direction, copy_us=copy)
+        rows.append(dict(base, impl="copy", input="", us=copy))
+        for row in _rows(shape):
+            out = dict(base, impl=row.name, input=row.input, us=None)
+            reason = row.refuses(shape, dtype) if row.refuses else None
+            if direction == "backward" and not row.backward:
+                reason = "forward only (as upstream)"
+            if reason:
+                rows.append(dict(out, reason=f"unsupported: {reason}"))
+                continue
             try:
-                if direction == "forward":
-                    args = _inputs(shape, dtype, grad=False)
+                grad = direction == "backward"
+                args = _inputs(shape, dtype, grad=grad)
+                if not grad:
                     with torch.no_grad():
-                        fn(*args)  # compile / warm up outside the capture
-                        us = graph_median_us(lambda: fn(*args), rep_ms=rep_ms)
+                        run = row.prepare(*args)
+                        result = run()  # compile / warm up outside the capture
+                        if check:
+                            out["err_ulp"] = max(ulps_off(o, r, dtype) for o, r in
+                                                 zip(result, oracle(shape, args, direction,
+                                                                    norm=row.norm)))
+                        timed = run
                 else:
-                    args = _inputs(shape, dtype, grad=True)
-                    outs = fn(*args)
-                    grads = [torch.randn_like(o) for o in outs]
+                    run = row.prepare(*args)
+                    outs = run()
+                    g = torch.Generator(device="cuda").manual_seed(1)
+                    grads = [torch.randn(o.shape, device="cuda", generator=g).to(o.dtype)
+                             for o in outs]
                     leaves = args[:4]
 
-                    def bwd():
+                    def timed():
                         return torch.autograd.grad(outs, leaves, grads, retain_graph=True)
 
-                    bwd()
-                    us = graph_median_us(bwd, rep_ms=rep_ms)
-                rows.append(dict(shape=shape.name, direction=direction, impl=name, us=us,
-                                 copy_us=copy))
+                    result = timed()
+                    if check:
+                        out["err_ulp"] = max(ulps_off(o, r, dtype) for o, r in
+                                             zip(result[:2], oracle(shape, args, direction,
+                                                                    grads, norm=row.norm)))
+                err = out.get("err_ulp", 0.0)
+                if err == float("inf"):  # kept out of the data file (JSON has no infinity)
+                    out["err_ulp"] = None
+                    out["reason"] = "wrong: NaN in the output"
+                elif err > WRONG_ULPS:
+                    out["reason"] = f"wrong: {err:.3g} ulp from the oracle"
+                else:
+                    out["us"] = graph_median_us(timed, rep_ms=rep_ms)
             except Exception as e:  # a row that cannot run says why, the rest still run
-                rows.append(dict(shape=shape.name, direction=direction, impl=name, us=None,
-                                 copy_us=copy, reason=f"{type(e).__name__}: {e}"[:80]))
+                out["reason"] = f"{type(e).__name__}: {e}"[:80]
+            rows.append(out)
             torch.cuda.empty_cache()
     return rows
 
 
-def table(rows: list[dict]) -> str:
-    """The markdown table (one unit: microseconds)."""
-    lines = ["| shape | direction | implementation | us | % copy | x unfused |",
-             "|---|---|---|---:|---:|---:|"]
+COLUMNS = ["shape", "direction", "implementation", "input", "us", "% copy", "x unfused",
+           "err (ulp)"]
+ALIGN = ["left", "left", "left", "left", "right", "right", "right", "right"]
+
+
+def cells(rows: list[dict]) -> list[list[str]]:
+    """The table's cells, as strings (one unit: microseconds)."""
     unfused = {(r["shape"], r["direction"]): r["us"] for r in rows
                if r["impl"] == "rms_norm + fastrope"}
+    out = []
     for r in rows:
+        err = f"{r['err_ulp']:.2f}" if r.get("err_ulp") is not None else ""
+        head = [r["shape"], r["direction"], r["impl"], r.get("input", "")]
         if r["us"] is None:
-            lines.append(f"| {r['shape']} | {r['direction']} | {r['impl']} | "
-                         f"{r.get('reason', 'error')} | | |")
+            out.append(head + [r.get("reason", "error"), "", "", err])
             continue
         base = unfused.get((r["shape"], r["direction"]))
         ratio = f"{base / r['us']:.2f}" if base else ""
-        lines.append(f"| {r['shape']} | {r['direction']} | {r['impl']} | {r['us']:.1f} | "
-                     f"{100 * r['copy_us'] / r['us']:.0f}% | {ratio} |")
+        out.append(head + [f"{r['us']:.1f}", f"{100 * r['copy_us'] / r['us']:.0f}%", ratio,
+                           err])
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    """The markdown table (one unit: microseconds)."""
+    rule = {"left": "---", "right": "---:"}
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join(rule[a] for a in ALIGN) + "|"]
+    lines += ["| " + " | ".join(c) + " |" for c in cells(rows)]
     return "\n".join(lines)
+
+
+def data_file(rows: list[dict], *, dtype: str, command: str, previous: dict | None = None
+              ) -> dict:
+    """A results data file (tools/results_tables.py's form) for ``rows``; ``previous`` (an
+    earlier file of the same dtype) keeps its measurements of shapes not in ``rows``."""
+    from ports.harness.env import metadata
+
+    meta = metadata()
+    shapes = {r["shape"] for r in rows}
+    kept = []
+    commands = [command]
+    if previous and previous.get("dtype") == dtype:
+        kept = [r for r in previous.get("measurements", []) if r["shape"] not in shapes]
+        commands = [c for c in previous.get("command", []) if c != command] + commands
+    order = {s.name: i for i, s in enumerate(SHAPES)}
+    merged = sorted(kept + rows, key=lambda r: (order.get(r["shape"], len(order)),
+                                                 r["direction"] != "forward"))
+    return {
+        "document": "ports/fastrope/DESIGN.md",
+        "section": "Fused QK-norm + RoPE",
+        "context": (f"The qknorm suite ({dtype}): CUDA-graph median us per call; % copy: a "
+                    "copy of the bytes the direction must move over the row's time; x unfused: "
+                    "rms_norm + fastrope's time over the row's; err: largest error against the "
+                    "float64 oracle in output ulps (empty: run without --check)."),
+        "command": commands,
+        "commit": meta["git_sha"],
+        "gpu": meta["gpu"],
+        "driver": _driver(),
+        "versions": {k: meta[k] for k in ("torch", "triton", "cupy", "python")},
+        "date": meta["timestamp"][:10],
+        "dtype": dtype,
+        "columns": COLUMNS,
+        "align": ALIGN,
+        "rows": cells(merged),
+        "measurements": merged,
+    }
+
+
+def _driver() -> str:
+    try:
+        import subprocess
+
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout.split("\n")[0] \
+            or "not recorded"
+    except Exception:
+        return "not recorded"
 
 
 # Launch settings of ports.fastrope.qknorm that ``--set`` may override (module constants).
@@ -199,6 +455,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
     p.add_argument("--rep-ms", type=int, default=100, help="timing budget per row (ms)")
     p.add_argument("--shapes", nargs="*", help="shape names to run (default: all)")
+    p.add_argument("--check", action="store_true",
+                   help="compare every row with the float64 oracle before timing it")
+    p.add_argument("--json", type=Path, metavar="PATH",
+                   help="write the table as a results data file (merged with PATH's other "
+                        "shapes if it exists)")
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=INT",
                    help=f"override launch settings of qk_norm_rope: {', '.join(TUNABLES)}")
     args = p.parse_args(argv)
@@ -207,13 +468,21 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"qknorm_bench: {e}", file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
-        print("qknorm_bench: needs a CUDA GPU; none is visible", file=sys.stderr)
-        return 2
     shapes = [s for s in SHAPES if not args.shapes or s.name in args.shapes]
     if not shapes:
         print(f"qknorm_bench: no shape named {args.shapes}; known: "
               f"{[s.name for s in SHAPES]}", file=sys.stderr)
+        return 2
+    previous = None
+    if args.json is not None and args.json.exists():
+        try:
+            previous = json.loads(args.json.read_text(encoding="utf-8"))
+        except ValueError:
+            print(f"qknorm_bench: {args.json} exists but is not JSON; name a new file or a data "
+                  "file this tool wrote", file=sys.stderr)
+            return 2
+    if not torch.cuda.is_available():
+        print("qknorm_bench: needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
     from ports.fastrope import qknorm as module
 
@@ -221,10 +490,16 @@ def main(argv: list[str] | None = None) -> int:
         setattr(module, name, value)
     rows = []
     for shape in shapes:
-        rows += measure(shape, DTYPES[args.dtype], args.rep_ms)
+        rows += measure(shape, DTYPES[args.dtype], args.rep_ms, check=args.check)
     print(f"GPU: {torch.cuda.get_device_name()}, dtype {args.dtype}, CUDA-graph medians (us), "
           f"settings {settings or 'default'}\n")
     print(table(rows))
+    if args.json is not None:
+        command = "python -m ports.harness.qknorm_bench " + " ".join(
+            sys.argv[1:] if argv is None else argv)
+        data = data_file(rows, dtype=args.dtype, command=command.strip(), previous=previous)
+        args.json.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        print(f"\nwrote {args.json}")
     return 0
 
 

@@ -44,6 +44,9 @@ any launch), or bounding one it would read out of bounds:
 * ``VLLM_LDG`` is ``__ldg``; torch's Half/BFloat16 are ``__half``/``__nv_bfloat16`` (same bits and
   round-to-nearest-even conversions).
 
+The same commit's fused QK-norm + RoPE op, ``fused_qk_norm_rope``, is ported beside it in
+:mod:`ports.vllm_port.qknorm` (its own header and departures), and re-exported here.
+
 Not ported: ``batched_rotary_embedding`` (per-token ``cos_sin_cache_offsets`` into a cache of
 several scalings, once used for multi-LoRA long context) does not exist in the pinned file, so
 there is no batched or offset variant to port at this sha.
@@ -94,4 +97,6 @@ def rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: torch.Te
             check_positions_on_host=check_positions_on_host)
 
 
-__all__ = ["UPSTREAM", "block_size", "check_positions", "rotary_embedding"]
+from ports.vllm_port.qknorm import fused_qk_norm_rope  # noqa: E402  (the fused QK-norm op)
+
+__all__ = ["UPSTREAM", "block_size", "check_positions", "fused_qk_norm_rope", "rotary_embedding"]
