@@ -90,3 +90,21 @@ def test_olmo2_fused_variant_states_why_not():
     assert found["fastrope+qknorm"].startswith("unsupported: OLMo2 normalises q and k over all")
     assert "fastrope+qknorm" not in hf_bench.variants("llama", liger=False,
                                                       device=torch.device("cpu"))
+
+
+def test_a_mode_that_raises_is_a_cell_with_the_reason(tmp_path, monkeypatch, capsys):
+    """An OOM or a compile failure in one mode leaves its cells a status; the others run."""
+    real = hf_bench.Workload.measure
+
+    def measure(self, iters):
+        if self.mode == "decode":
+            raise RuntimeError("compile failed\nwith a long traceback")
+        return real(self, iters)
+
+    monkeypatch.setattr(hf_bench.Workload, "measure", measure)
+    out = tmp_path / "hf.csv"
+    assert hf_bench.main([*ARGS, "--family", "llama", "--csv", str(out)]) == 0
+    cells = {(r["mode"], r["variant"]): r for r in csv.DictReader(out.open())}
+    assert cells[("decode", "fastrope")]["status"] == "error: RuntimeError: compile failed"
+    assert cells[("train", "fastrope")]["status"] == "ok"
+    assert "(error: RuntimeError: compile failed)" in capsys.readouterr().err

@@ -177,8 +177,35 @@ def _summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def _failure(exc: BaseException) -> str:
+    """A cell's status for a mode that raised: "OOM", or "error: Type: first line"."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return "OOM"
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return f"error: {type(exc).__name__}: {first}"
+
+
+def _measure_mode(work: Workload, found: dict, runnable: list[str], args, device
+                  ) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """(values per variant over the alternating repetitions, peak MiB per variant)."""
+    values: dict[str, list[float]] = {v: [] for v in runnable}
+    peaks = {}
+    for v in runnable:  # warm-up (compiles, autotunes, allocates), then the peak
+        with found[v]():
+            for _ in range(args.warmup):
+                work.run()
+            peaks[v] = _peak_mib(work.run, device)
+    for rep in range(args.reps):
+        shift = rep % len(runnable)
+        for v in runnable[shift:] + runnable[:shift]:
+            with found[v]():
+                values[v].append(work.measure(args.iters))
+    return values, peaks
+
+
 def bench_family(name: str, args, device) -> list[dict]:
-    """Every (mode, variant) cell of one family: values alternated over the repetitions."""
+    """Every (mode, variant) cell of one family: values alternated over the repetitions. A mode
+    that raises (OOM, a compile failure) gives its cells that status, and the run goes on."""
     sizes = SIZES[args.size]
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     model = hf_models.model(name, sizes, dtype=dtype, device=device, attention="sdpa")
@@ -188,31 +215,27 @@ def bench_family(name: str, args, device) -> list[dict]:
     for mode in args.modes:
         started = time.perf_counter()
         work = Workload(mode, model, sizes, args, device)
-        values: dict[str, list[float]] = {v: [] for v in runnable}
-        peaks = {}
-        for v in runnable:  # warm-up (compiles, autotunes, allocates), then the peak
-            with found[v]():
-                for _ in range(args.warmup):
-                    work.run()
-                peaks[v] = _peak_mib(work.run, device)
-        for rep in range(args.reps):
-            shift = rep % len(runnable)
-            for v in runnable[shift:] + runnable[:shift]:
-                with found[v]():
-                    values[v].append(work.measure(args.iters))
+        try:
+            values, peaks = _measure_mode(work, found, runnable, args, device)
+            failed = None
+        except Exception as exc:  # noqa: BLE001 - the cell states it; other modes still run
+            failed = _failure(exc)
         wall = time.perf_counter() - started
-        print(f"hf_bench: {name} {args.size} {mode}: {wall:.1f} s for {len(runnable)} variants",
-              file=sys.stderr, flush=True)
+        print(f"hf_bench: {name} {args.size} {mode}: {wall:.1f} s for {len(runnable)} variants"
+              + (f" ({failed})" if failed else ""), file=sys.stderr, flush=True)
         for v, f in found.items():
             base = dict(family=name, size=args.size, mode=mode, variant=v, unit=work.unit,
                         reps=args.reps, iters=args.iters, batch=args.batch, seq=args.seq,
                         prefill=args.prefill, new_tokens=args.new_tokens, dtype=str(dtype),
                         wall_s=round(wall, 1))
-            if isinstance(f, str):
-                rows.append(base | {"status": f})
+            if isinstance(f, str) or failed:
+                rows.append(base | {"status": f if isinstance(f, str) else failed})
                 continue
             rows.append(base | _summary(values[v]) | {"peak_mib": peaks[v], "status": "ok"})
+        model.zero_grad(set_to_none=True)  # the next mode's peak holds no gradients
         del work
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
