@@ -108,3 +108,19 @@ def test_a_mode_that_raises_is_a_cell_with_the_reason(tmp_path, monkeypatch, cap
     assert cells[("decode", "fastrope")]["status"] == "error: RuntimeError: compile failed"
     assert cells[("train", "fastrope")]["status"] == "ok"
     assert "(error: RuntimeError: compile failed)" in capsys.readouterr().err
+
+
+def test_a_variant_installs_the_same_functions_every_time():
+    """A compiled decode step is guarded on the installed functions: new ones at every
+    repetition would recompile it each time."""
+    from ports.fastrope import hf
+
+    found = hf_bench.variants("qwen3", liger=False, device=torch.device("cpu"))
+    module = hf.module_of(hf.FAMILIES["qwen3"])
+    before = module.apply_rotary_pos_emb, module.Qwen3Attention.forward
+    seen = []
+    for _ in range(2):
+        with found["fastrope+qknorm"]():
+            seen.append((module.apply_rotary_pos_emb, module.Qwen3Attention.forward))
+        assert (module.apply_rotary_pos_emb, module.Qwen3Attention.forward) == before
+    assert seen[0] == seen[1] and seen[0][1].family is hf.FAMILIES["qwen3"]

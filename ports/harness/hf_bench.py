@@ -76,12 +76,27 @@ def _liger():
     return liger_rotary_pos_emb
 
 
+def _reusable(make: Callable[[], hf.Patch]) -> Callable[[], hf.Patch] | str:
+    """A factory installing what ``make()`` installs, the same function objects every time: the
+    decode step transformers compiles is guarded on them, so each variant finds its own graph
+    again at every repetition instead of recompiling (and, past dynamo's cache limit, running
+    eager). A refusal becomes the variant's reason."""
+    try:
+        patch = make()
+    except (NotImplementedError, ImportError) as exc:
+        return f"unsupported: {exc}"
+    installed = [(p.module, p.name, getattr(p.module, p.name))
+                 for p in getattr(patch, "parts", (patch,))]
+    patch.undo()
+    return lambda: hf.Patches(*(hf.Patch(m, n, r) for m, n, r in installed))
+
+
 def variants(name: str, *, liger: bool, device: torch.device) -> dict[str, Callable | str]:
     """Variant name -> a context manager factory that installs it, or a reason it cannot run."""
     row = hf.family(name)
-    found = {"unpatched": contextlib.nullcontext, "fastrope": lambda: hf.patch(name)}
+    found = {"unpatched": contextlib.nullcontext, "fastrope": _reusable(lambda: hf.patch(name))}
     if name in hf_qknorm.FUSED:
-        found[FUSED_VARIANT] = lambda: hf.patch(name, fuse_qk_norm=True)
+        found[FUSED_VARIANT] = _reusable(lambda: hf.patch(name, fuse_qk_norm=True))
     elif name in hf_qknorm.REFUSED:
         found[FUSED_VARIANT] = f"unsupported: {hf_qknorm.REFUSED[name]}"
     if liger:
