@@ -150,10 +150,11 @@ def test_families_the_kernel_cannot_normalise_are_refused():
 
 
 @pytest.mark.parametrize("name,wrong", [
-    ("gemma3", hf_qknorm.FusedNorm("Gemma3Attention", "eps", gemma=False)),
-    ("qwen3", hf_qknorm.FusedNorm("Qwen3Attention", "variance_epsilon", gemma=True)),
-    ("qwen3", hf_qknorm.FusedNorm("Qwen3Attention", "eps")),
-    ("qwen3_moe", hf_qknorm.FusedNorm("Qwen3MoeSparseAttention", "variance_epsilon")),
+    ("gemma3", hf_qknorm.FusedNorm("Gemma3Attention", "eps", "gemma3_text", gemma=False)),
+    ("qwen3", hf_qknorm.FusedNorm("Qwen3Attention", "variance_epsilon", "qwen3", gemma=True)),
+    ("qwen3", hf_qknorm.FusedNorm("Qwen3Attention", "eps", "qwen3")),
+    ("qwen3_moe", hf_qknorm.FusedNorm("Qwen3MoeSparseAttention", "variance_epsilon",
+                                      "qwen3_moe")),
 ])
 def test_a_norm_row_the_installed_attention_contradicts_is_refused(monkeypatch, name, wrong):
     row = hf.FAMILIES[name]

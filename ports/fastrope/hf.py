@@ -47,6 +47,7 @@ from typing import Callable, Literal
 
 import torch
 
+from ports.fastrope import hf_qknorm
 from ports.fastrope.api import apply_rope
 from reference.oracle import apply_rope as oracle_apply_rope
 from reference.tables import expand_half
@@ -323,7 +324,7 @@ def patch(model_or_family, *, fuse_qk_norm: bool = False) -> Patch:
     without a module-level ``apply_rotary_pos_emb``, or whose function does not rotate as its
     row says.
 
-    ``fuse_qk_norm=True`` (Qwen3, Qwen3-MoE, Gemma3: :data:`hf_qknorm.FUSED`) also replaces the
+    ``fuse_qk_norm=True`` (Qwen3, Qwen3-MoE, Gemma3: :data:`.hf_qknorm.FUSED`) also replaces the
     family's attention ``forward``, so that its q_norm/k_norm and the rotation are one
     :func:`~ports.fastrope.qknorm.qk_norm_rope` launch (:mod:`ports.fastrope.hf_qknorm`);
     refused for any other family, with the reason.
@@ -347,12 +348,33 @@ def patch(model_or_family, *, fuse_qk_norm: bool = False) -> Patch:
     if reason is not None:
         raise NotImplementedError(f"{row.module}.apply_rotary_pos_emb is not served: {reason}")
     if fuse_qk_norm:
-        from ports.fastrope import hf_qknorm
-
-        hf_qknorm.fused_norm(row)  # refuses before anything is replaced
-        rotary = Patch(module, "apply_rotary_pos_emb", drop_in(row, original))
-        return hf_qknorm.patch(row, rotary)
+        forward = fused_forward(row, module)
+        return Patches(Patch(module, "apply_rotary_pos_emb", drop_in(row, original)),
+                       Patch(getattr(module, forward.attention), "forward", forward))
     return Patch(module, "apply_rotary_pos_emb", drop_in(row, original))
+
+
+def fused_forward(row: Family, module) -> Callable:
+    """The attention ``forward`` that fuses the family's q/k norm with the rotation
+    (:mod:`.hf_qknorm`); refused, naming why, where its row or its probe says. It carries
+    ``.original``, ``.family`` and ``.attention`` (the class's name)."""
+    spec = hf_qknorm.fused_norm(row.name)
+    cls = getattr(module, spec.attention, None)
+    if cls is None:
+        raise NotImplementedError(f"{row.module} has no class {spec.attention} to fuse")
+    original = original_of(cls.forward)
+    reason = hf_qknorm.probe(row.style, spec, module, original)
+    if reason is not None:
+        raise NotImplementedError(f"{row.module}.{spec.attention} is not fused: {reason}")
+
+    def served_here(q, k, cos, sin):  # q and k [b, s, h, d]: unsqueeze_dim 2
+        return served(row, q, k, cos, sin, 2)
+
+    forward = hf_qknorm.fused_forward(module, hf_qknorm.norm_rope(row.style, spec, module,
+                                                                  served_here))
+    forward.original, forward.family, forward.attention = original, row, spec.attention
+    forward.__qualname__ = f"fastrope_{spec.attention}_forward"
+    return forward
 
 
 def patch_llama() -> Patch:

@@ -17,12 +17,14 @@ projections (layout ``bshd``). The norm is the kernel's: fp32 from load to store
 transformers rounds after the norm and after the rotation (see :mod:`ports.fastrope.qknorm`),
 so in fp32 the two agree to a few ulps and in bf16 fastrope is the closer to float64.
 
-Calls the kernel does not serve (the rotary drop-in's rules, :func:`hf.served`: CPU tensors,
-other dtypes, ...; or norm weights not ``[head_dim]`` in a served dtype on q's device) run the
+Calls the kernel does not serve (the rotary drop-in's rules, ``hf.served``: CPU tensors,
+other dtypes, ...; or norm weights not ``[head_dim]`` in a kernel dtype on q's device) run the
 family's own ``q_norm``, ``k_norm`` and the module's current ``apply_rotary_pos_emb``.
 
-Each family's row (:data:`FUSED`) names its attention class, the norm's epsilon attribute and
-whether the norm is Gemma's. Before patching, :func:`probe` runs the installed class's own
+Each family's row (:data:`FUSED`) names its attention class, the norm's epsilon attribute, its
+config's model type and whether the norm is Gemma's. :func:`ports.fastrope.hf.patch` (with
+``fuse_qk_norm=True``) builds the replacement from these pieces; this module imports nothing
+of ``hf``. Before patching, :func:`probe` runs the installed class's own
 ``forward`` and :func:`fused_forward` on a tiny float64 layer on CPU, the fused pair replaced by
 the float64 oracle of what the row declares (``reference.qk_norm``), with random norm weights:
 a transformers release whose attention or norm differs from the row is refused, never served
@@ -32,7 +34,7 @@ the per-head kernel does not compute: refused with that reason.
 ``kernels.kernelize`` cannot install the fusion: transformers 5.17 exposes the norm (layer name
 ``RMSNorm``, every RMSNorm of the model) and the rotation (``rotary_pos_emb``) to it as two
 separate layers, each replaced alone, and the attention class, which holds the pair, is not a
-kernel layer. The fusion is :func:`hf.patch`'s (``fuse_qk_norm=True``).
+kernel layer. The fusion is ``hf.patch``'s (``fuse_qk_norm=True``).
 """
 from __future__ import annotations
 
@@ -41,11 +43,15 @@ from typing import Callable
 
 import torch
 
-from ports.fastrope import hf
 from ports.fastrope.qknorm import qk_norm_rope
-from reference.qk_norm import rms_norm
 from reference.oracle import apply_rope as oracle_apply_rope
+from reference.qk_norm import rms_norm
 from reference.tables import expand_half
+from reference.vocabulary import KERNEL_TORCH_DTYPES
+
+# The probe's layer: hidden 64, 4 heads of 16 channels, 2 kv heads; 2 sequences of 5 tokens.
+PROBE_SIZES = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                   intermediate_size=128, vocab_size=128, attn_implementation="eager")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,19 +59,20 @@ class FusedNorm:
     """How one family's attention normalises q and k before the rotation.
 
     ``attention``: the attention class in the family's module. ``eps``: the name of the
-    epsilon attribute of its ``q_norm``/``k_norm`` modules. ``gemma``: the norm multiplies by
-    ``1 + weight``.
+    epsilon attribute of its ``q_norm``/``k_norm`` modules. ``model_type``: its config's
+    (:func:`probe` builds one). ``gemma``: the norm multiplies by ``1 + weight``.
     """
 
     attention: str
     eps: str
+    model_type: str
     gemma: bool = False
 
 
 FUSED: dict[str, FusedNorm] = {
-    "qwen3": FusedNorm("Qwen3Attention", "variance_epsilon"),
-    "qwen3_moe": FusedNorm("Qwen3MoeAttention", "variance_epsilon"),
-    "gemma3": FusedNorm("Gemma3Attention", "eps", gemma=True),
+    "qwen3": FusedNorm("Qwen3Attention", "variance_epsilon", "qwen3"),
+    "qwen3_moe": FusedNorm("Qwen3MoeAttention", "variance_epsilon", "qwen3_moe"),
+    "gemma3": FusedNorm("Gemma3Attention", "eps", "gemma3_text", gemma=True),
 }
 """The families whose q_norm/k_norm + rotary pair :func:`patch` fuses."""
 
@@ -75,15 +82,15 @@ REFUSED = {
 }
 
 
-def fused_norm(row: hf.Family) -> FusedNorm:
-    """The family's norm row; refused, naming why, for a family the fusion does not serve."""
-    if row.name in REFUSED:
-        raise NotImplementedError(f"{row.name}: the fused q/k norm is not served: "
-                                  f"{REFUSED[row.name]}")
-    spec = FUSED.get(row.name)
+def fused_norm(name: str) -> FusedNorm:
+    """Family ``name``'s norm row; refused, naming why, for a family the fusion does not
+    serve."""
+    if name in REFUSED:
+        raise NotImplementedError(f"{name}: the fused q/k norm is not served: {REFUSED[name]}")
+    spec = FUSED.get(name)
     if spec is None:
         raise NotImplementedError(
-            f"{row.name} has no per-head q_norm/k_norm + rotary pair that fastrope fuses "
+            f"{name} has no per-head q_norm/k_norm + rotary pair that fastrope fuses "
             f"(fused: {', '.join(sorted(FUSED))}); patch it without fuse_qk_norm for the "
             f"rotary alone")
     return spec
@@ -92,7 +99,7 @@ def fused_norm(row: hf.Family) -> FusedNorm:
 # ---- the pair ----------------------------------------------------------------------------------
 def _weights_served(q: torch.Tensor, *weights: torch.Tensor) -> bool:
     d = q.shape[-1]
-    return all(isinstance(w, torch.Tensor) and w.dtype in hf.SERVED_DTYPES
+    return all(isinstance(w, torch.Tensor) and w.dtype in KERNEL_TORCH_DTYPES
                and tuple(w.shape) == (d,) and w.device == q.device for w in weights)
 
 
@@ -107,18 +114,19 @@ def _table(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
     return cos.reshape(b * s, width), sin.reshape(b * s, width), positions
 
 
-def norm_rope(row: hf.Family, spec: FusedNorm, module) -> Callable:
+def norm_rope(style: str, spec: FusedNorm, module, served: Callable) -> Callable:
     """``pair(attn, q, k, cos, sin) -> (q, k)``: q ``[b, s, h, d]`` and k ``[b, s, hk, d]``
     (the projections' views) in, normalised and rotated ``[b, h, s, d]`` out; fused where
-    served, else the layer's own norms and the module's ``apply_rotary_pos_emb``."""
+    ``served(q, k, cos, sin)`` (the rotary drop-in's rule) and the weights are the kernel's,
+    else the layer's own norms and the module's ``apply_rotary_pos_emb``."""
     def pair(attn, q, k, cos, sin):
         q_w, k_w = attn.q_norm.weight, attn.k_norm.weight
-        if hf.served(row, q, k, cos, sin, 2) and _weights_served(q, q_w, k_w):
+        if served(q, k, cos, sin) and _weights_served(q, q_w, k_w):
             table_cos, table_sin, positions = _table(q, cos, sin)
             # HF's rows cover every token by construction: no position check (no device sync).
             q, k = qk_norm_rope(q, k, q_w, k_w, float(getattr(attn.q_norm, spec.eps)),
                                 cos=table_cos, sin=table_sin, positions=positions,
-                                style=row.style, layout="bshd", gemma=spec.gemma,
+                                style=style, layout="bshd", gemma=spec.gemma,
                                 check_positions=False)
             return q.transpose(1, 2), k.transpose(1, 2)
         q, k = attn.q_norm(q).transpose(1, 2), attn.k_norm(k).transpose(1, 2)
@@ -154,68 +162,49 @@ def fused_forward(module, pair: Callable) -> Callable:
 
 
 # ---- checking a row against the installed attention ---------------------------------------------
-def _oracle_pair(row: hf.Family, spec: FusedNorm) -> Callable:
+def _oracle_pair(style: str, spec: FusedNorm) -> Callable:
     """The pair as the row declares it, in float64: per-head RMSNorm, then the row's rotation."""
     def pair(attn, q, k, cos, sin):
         eps = float(getattr(attn.q_norm, spec.eps))
         out = []
         for x, w in ((q, attn.q_norm.weight), (k, attn.k_norm.weight)):
             z = rms_norm(x, w, eps, gemma=spec.gemma).transpose(1, 2)  # [b, h, s, d]
-            out.append(oracle_apply_rope(z, cos[:, None], sin[:, None], row.style))
+            out.append(oracle_apply_rope(z, cos[:, None], sin[:, None], style))
         return tuple(out)
     return pair
 
 
-def probe(row: hf.Family, spec: FusedNorm, module, original_forward: Callable) -> str | None:
-    """Why the family's attention does not compute what :func:`fused_forward` with ``spec``
-    does (None when it does): both run one tiny float64 layer on CPU, random weights (the norms'
-    too), random cos/sin of the row's layout. The tolerance, 1e-5, admits transformers' norms,
-    which compute in float32 whatever the input (Qwen3RMSNorm casts to it), and is far below
-    the O(1) error of another norm (``w`` for ``1 + w``, over all heads) or rotation."""
-    from ports.fastrope import hf_models
+def probe(style: str, spec: FusedNorm, module, original_forward: Callable) -> str | None:
+    """Why the family's attention (``original_forward``, of ``spec.attention`` in ``module``)
+    does not compute what :func:`fused_forward` with ``spec`` and ``style`` does (None when it
+    does): both run one tiny float64 layer on CPU, random weights (the norms' too), random
+    cos/sin of the style's layout. The tolerance, 1e-5, admits transformers' norms, which
+    compute in float32 whatever the input (Qwen3RMSNorm casts to it), and is far below the
+    O(1) error of another norm (``w`` for ``1 + w``, over all heads) or rotation."""
+    from transformers import AutoConfig
 
     cls = getattr(module, spec.attention, None)
     if cls is None:
-        return f"{row.module} has no class {spec.attention}"
+        return f"{module.__name__} has no class {spec.attention}"
     try:
-        config = hf_models.config(row.name, hf_models.TINY, attention="eager")
+        config = AutoConfig.for_model(spec.model_type, **PROBE_SIZES)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
             attn = cls(config, layer_idx=0).double().eval()
             for norm in (attn.q_norm, attn.k_norm):
                 with torch.no_grad():
                     norm.weight.normal_()
-            b, s = 2, 5
+            b, s, d = 2, 5, PROBE_SIZES["head_dim"]
             x = torch.randn(b, s, config.hidden_size, dtype=torch.float64)
-            angle = torch.rand(b, s, hf_models.TINY.dim // 2, dtype=torch.float64) * 6
-        cos, sin = expand_half(angle.cos(), row.style), expand_half(angle.sin(), row.style)
+            angle = torch.rand(b, s, d // 2, dtype=torch.float64) * 6
+        cos, sin = expand_half(angle.cos(), style), expand_half(angle.sin(), style)
         with torch.no_grad():
             want = original_forward(attn, x, (cos, sin), None)[0]
-            got = fused_forward(module, _oracle_pair(row, spec))(attn, x, (cos, sin), None)[0]
+            got = fused_forward(module, _oracle_pair(style, spec))(attn, x, (cos, sin), None)[0]
     except Exception as exc:  # noqa: BLE001 - any failure is a reason to refuse
         return f"running {spec.attention} raised {type(exc).__name__}: {exc}"
     if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-5, atol=1e-5):
         return (f"{spec.attention}.forward is not the per-head {'Gemma ' if spec.gemma else ''}"
-                f"RMSNorm (epsilon {spec.eps!r}) then the {row.style} rotation the fused "
+                f"RMSNorm (epsilon {spec.eps!r}) then the {style} rotation the fused "
                 f"forward computes")
     return None
-
-
-def patch(row: hf.Family, rotary: hf.Patch) -> hf.Patches:
-    """The attention class's ``forward`` replaced by the fused one (after ``rotary``, the
-    rotary drop-in the fallback calls); refused, naming why, where the row or the probe says."""
-    spec = fused_norm(row)
-    module = rotary.module
-    cls = getattr(module, spec.attention, None)
-    if cls is None:
-        rotary.undo()
-        raise NotImplementedError(f"{row.module} has no class {spec.attention} to fuse")
-    original = hf.original_of(cls.forward)
-    reason = probe(row, spec, module, original)
-    if reason is not None:
-        rotary.undo()
-        raise NotImplementedError(f"{row.module}.{spec.attention} is not fused: {reason}")
-    forward = fused_forward(module, norm_rope(row, spec, module))
-    forward.original, forward.family = original, row
-    forward.__qualname__ = f"fastrope_{spec.attention}_forward"
-    return hf.Patches(rotary, hf.Patch(cls, "forward", forward))
