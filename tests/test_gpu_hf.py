@@ -22,7 +22,8 @@ Tiny random models (ports/fastrope/hf_models.py: hidden 64, 2 layers, 4 heads, 2
 
 Skipped with a reason without transformers (and, for kernelize, kernels). Estimated at about 1.5
 minutes on an H100 (not yet run there), most of it the two compiles (the decode step with CUDA
-graphs, the training step); the slow-marked glm4 compiled decode adds about half a minute.
+graphs, the training step); the slow-marked glm4 compiled decode adds about half a minute, the
+fused QK-norm tests about as much (one more compiled training step, Triton's first compiles).
 """
 from __future__ import annotations
 
