@@ -15,9 +15,15 @@ Tiny random models (ports/fastrope/hf_models.py: hidden 64, 2 layers, 4 heads, 2
   ``CompileConfig(fullgraph=True)`` (mode reduce-overhead: CUDA graphs) over the patched model:
   the unpatched eager tokens, and fastrope traced into the graph.
 
+* The fused QK-norm + RoPE (``patch(..., fuse_qk_norm=True)``) for Qwen3, Qwen3-MoE and Gemma3,
+  with random norm weights: fp32 greedy tokens identical to unpatched; a bf16 training step
+  within the same derived tolerance (C: the family's own norms and rotation in fp32, rounded
+  once); ``torch.compile(fullgraph=True)`` of the fused training step.
+
 Skipped with a reason without transformers (and, for kernelize, kernels). Estimated at about 1.5
 minutes on an H100 (not yet run there), most of it the two compiles (the decode step with CUDA
-graphs, the training step); the slow-marked glm4 compiled decode adds about half a minute.
+graphs, the training step); the slow-marked glm4 compiled decode adds about half a minute, the
+fused QK-norm tests about as much (one more compiled training step, Triton's first compiles).
 """
 from __future__ import annotations
 
@@ -194,6 +200,113 @@ def test_compiled_training_forward_backward_matches_eager():
     torch._dynamo.reset()
     loss, logits, grads = _diffs(got, eager)
     # inductor fuses the rest of the model differently from eager: a few bf16 roundings apart
+    assert loss <= 4 * BF16_ROUNDING * eager[0].abs().item()
+    assert logits <= 8 * BF16_ROUNDING * eager[1].abs().max().item()
+    assert grads <= 8 * 2 * BF16_ROUNDING
+
+
+# ---- the fused QK-norm + RoPE (patch(..., fuse_qk_norm=True)) ----------------------------------
+FUSED = ["gemma3", "qwen3", "qwen3_moe"]
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """qk_norm_rope's calls from the fused attention, counted."""
+    from ports.fastrope import hf_qknorm
+
+    calls = []
+    real = hf_qknorm.qk_norm_rope
+
+    def qk_norm_rope(*args, **kwargs):
+        calls.append(kwargs["gemma"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(hf_qknorm, "qk_norm_rope", qk_norm_rope)
+    return calls
+
+
+def _random_norms(model, name, seed=7):
+    """Random q_norm/k_norm weights (the defaults, ones or zeros, would hide a weight misread)."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith(("q_norm.weight", "k_norm.weight")):
+                noise = torch.randn(p.shape, device=DEV, generator=gen, dtype=torch.float32)
+                p.copy_(noise * 0.5 + (0.0 if name == "gemma3" else 1.0))
+    return model
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_fused_qk_norm_fp32_greedy_tokens_match_unpatched(fused_calls, name):
+    from ports.fastrope.hf_qknorm import FUSED as ROWS
+
+    model = _random_norms(hf_models.model(name, device=DEV), name)
+    ids = _prompt()
+    want = _greedy(model, ids)
+    with hf.patch(model, fuse_qk_norm=True):
+        got = _greedy(model, ids)
+    assert fused_calls and set(fused_calls) == {ROWS[name].gemma}
+    assert torch.equal(got, want)
+
+
+def _norm_rope_rounded_once(attn, q, k, cos, sin, *, module):
+    """C for the fused pair: the layer's own norms and rotary function run in fp32, rounded once
+    to the model's dtype (what the fused kernel computes, by transformers' own code)."""
+    from torch.func import functional_call
+
+    dtype = q.dtype
+    qf, kf = (functional_call(norm, {"weight": norm.weight.float()}, (x.float(),)).transpose(1, 2)
+              for norm, x in ((attn.q_norm, q), (attn.k_norm, k)))
+    q, k = module.apply_rotary_pos_emb(qf, kf, cos.float(), sin.float())
+    return q.to(dtype), k.to(dtype)
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_fused_qk_norm_bf16_training_step_within_bf16_tolerance(fused_calls, name):
+    """As test_bf16_training_step_within_bf16_tolerance, for the fused pair: B = fused, A =
+    unpatched, C = the family's own norms and rotation in fp32 rounded once; |B - A| <= 2 |A - C|
+    with the floor of one bf16 rounding."""
+    import functools
+
+    from ports.fastrope import hf_qknorm
+
+    model = _random_norms(hf_models.model(name, dtype=torch.bfloat16, device=DEV), name).train()
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    ids = _prompt(seed=2)
+    unpatched = _step(model, ids)
+    row, spec = hf.FAMILIES[name], hf_qknorm.FUSED[name]
+    module = hf.module_of(row)
+    cls = getattr(module, spec.attention)
+    with hf.patch(model, fuse_qk_norm=True):
+        fused = _step(model, ids)
+    once_forward = hf_qknorm.fused_forward(
+        module, functools.partial(_norm_rope_rounded_once, module=module))
+    with hf.Patch(cls, "forward", once_forward):
+        once = _step(model, ids)
+    assert fused_calls
+    b_a, c_a = _diffs(fused, unpatched), _diffs(once, unpatched)
+    floors = (BF16_ROUNDING * unpatched[0].abs().item(),
+              BF16_ROUNDING * unpatched[1].abs().max().item(), 2 * BF16_ROUNDING)
+    _report(f"{name} fused qk-norm: fused-unpatched (loss, logit, grad) "
+            f"{tuple(f'{x:.3g}' for x in b_a)}, rounded-once-unpatched "
+            f"{tuple(f'{x:.3g}' for x in c_a)}")
+    for i, what in enumerate(("loss", "logits", "gradients")):
+        assert b_a[i] <= max(2 * c_a[i], floors[i]), (what, b_a, c_a, floors)
+
+
+def test_fused_qk_norm_compiled_training_matches_eager():
+    """``torch.compile(fullgraph=True)`` of a fused bf16 Qwen3's forward and backward."""
+    model = _random_norms(hf_models.model("qwen3", dtype=torch.bfloat16, device=DEV),
+                          "qwen3").train()
+    ids = _prompt(seed=4)
+    with hf.patch(model, fuse_qk_norm=True):
+        eager = _step(model, ids)
+        torch._dynamo.reset()
+        got = _step(torch.compile(model, fullgraph=True), ids)
+    torch._dynamo.reset()
+    loss, logits, grads = _diffs(got, eager)
     assert loss <= 4 * BF16_ROUNDING * eager[0].abs().item()
     assert logits <= 8 * BF16_ROUNDING * eager[1].abs().max().item()
     assert grads <= 8 * 2 * BF16_ROUNDING

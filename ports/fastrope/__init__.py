@@ -21,7 +21,8 @@ to end, and its autograd), problem.py (the host checks), plan.py (the launch pla
 named rules), launcher.py (the packed launch), kernel.py (rope.cu's instantiations), limits.py
 (what validation and planning share); hf.py is a drop-in for Hugging Face transformers'
 ``apply_rotary_pos_emb`` (hf_kernels.py: the same through the ``kernels`` package's mapping;
-hf_models.py: a small random model of each family), qknorm.py the fused per-head RMSNorm
+hf_models.py: a small random model of each family; hf_qknorm.py: Qwen3's and Gemma3's q/k norm
+and rotation as one qk_norm_rope), qknorm.py the fused per-head RMSNorm
 + RoPE, forward and backward (Triton kernels in qknorm_kernels.py, timed by
 the harness's qknorm_bench.py), ablation.py runs the kernel with one idea switched off,
 experiment.py is the documented interface the probes under tools/ use (kernel variants as build

@@ -47,6 +47,7 @@ from typing import Callable, Literal
 
 import torch
 
+from ports.fastrope import hf_qknorm
 from ports.fastrope.api import apply_rope
 from reference.oracle import apply_rope as oracle_apply_rope
 from reference.tables import expand_half
@@ -268,6 +269,19 @@ class Patch:
         self.undo()
 
 
+class Patches(Patch):
+    """Several :class:`Patch` undone together, last first; ``module``, ``name`` and
+    ``original`` are the first's (the rotary function's)."""
+
+    def __init__(self, *parts: Patch):
+        self.parts = parts
+        self.module, self.name, self.original = parts[0].module, parts[0].name, parts[0].original
+
+    def undo(self) -> None:
+        for part in reversed(self.parts):
+            part.undo()
+
+
 def family_of(model_or_family) -> Family:
     """The row for a family name, a model instance or a model class (by its transformers
     module ``transformers.models.X.modeling_X``)."""
@@ -300,7 +314,7 @@ def original_of(fn: Callable) -> Callable:
     return fn
 
 
-def patch(model_or_family) -> Patch:
+def patch(model_or_family, *, fuse_qk_norm: bool = False) -> Patch:
     """Make a transformers family rotate with fastrope (falling back to its own function).
 
     ``model_or_family``: a model, a model class, or a family name (``"llama"``, ``"glm4"``, ...;
@@ -310,12 +324,19 @@ def patch(model_or_family) -> Patch:
     without a module-level ``apply_rotary_pos_emb``, or whose function does not rotate as its
     row says.
 
+    ``fuse_qk_norm=True`` (Qwen3, Qwen3-MoE, Gemma3: :data:`.hf_qknorm.FUSED`) also replaces the
+    family's attention ``forward``, so that its q_norm/k_norm and the rotation are one
+    :func:`~ports.fastrope.qknorm.qk_norm_rope` launch (:mod:`ports.fastrope.hf_qknorm`);
+    refused for any other family, with the reason.
+
     Example::
 
         from ports.fastrope.hf import patch
-        with patch(model):          # or: p = patch("qwen3"); ...; p.undo()
+        with patch(model):          # or: p = patch("qwen3", fuse_qk_norm=True); ...; p.undo()
             model.generate(...)
     """
+    if not isinstance(fuse_qk_norm, bool):
+        raise TypeError(f"fuse_qk_norm must be a bool, got {type(fuse_qk_norm).__name__}")
     row = family_of(model_or_family)
     module = module_of(row)
     current = getattr(module, "apply_rotary_pos_emb", None)
@@ -326,7 +347,34 @@ def patch(model_or_family) -> Patch:
     reason = probe(row, original)
     if reason is not None:
         raise NotImplementedError(f"{row.module}.apply_rotary_pos_emb is not served: {reason}")
+    if fuse_qk_norm:
+        forward = fused_forward(row, module)
+        return Patches(Patch(module, "apply_rotary_pos_emb", drop_in(row, original)),
+                       Patch(getattr(module, forward.attention), "forward", forward))
     return Patch(module, "apply_rotary_pos_emb", drop_in(row, original))
+
+
+def fused_forward(row: Family, module) -> Callable:
+    """The attention ``forward`` that fuses the family's q/k norm with the rotation
+    (:mod:`.hf_qknorm`); refused, naming why, where its row or its probe says. It carries
+    ``.original``, ``.family`` and ``.attention`` (the class's name)."""
+    spec = hf_qknorm.fused_norm(row.name)
+    cls = getattr(module, spec.attention, None)
+    if cls is None:
+        raise NotImplementedError(f"{row.module} has no class {spec.attention} to fuse")
+    original = original_of(cls.forward)
+    reason = hf_qknorm.probe(row.style, spec, module, original)
+    if reason is not None:
+        raise NotImplementedError(f"{row.module}.{spec.attention} is not fused: {reason}")
+
+    def served_here(q, k, cos, sin):  # q and k [b, s, h, d]: unsqueeze_dim 2
+        return served(row, q, k, cos, sin, 2)
+
+    forward = hf_qknorm.fused_forward(module, hf_qknorm.norm_rope(row.style, spec, module,
+                                                                  served_here))
+    forward.original, forward.family, forward.attention = original, row, spec.attention
+    forward.__qualname__ = f"fastrope_{spec.attention}_forward"
+    return forward
 
 
 def patch_llama() -> Patch:

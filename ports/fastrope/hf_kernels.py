@@ -26,7 +26,11 @@ for `rotary_pos_emb` with device type `Device(type='cpu', ...)```). The replacem
 family, not per model, as transformers' decorated function is; kernelize again under a mapping
 without ``rotary_pos_emb`` to restore it. Families transformers does not decorate (Phi3,
 StableLM, GPT-NeoX, Qwen3-Next, Cohere, GLM, GLM4 in 5.17) are never kernelized: use
-:func:`hf.patch` for them.
+:func:`hf.patch` for them. Nor is the fused QK-norm + RoPE: kernelize replaces one named
+layer's ``forward`` at a time, and transformers exposes the q/k norm (``RMSNorm``, shared with
+every other RMSNorm of the model) and the rotation (``rotary_pos_emb``) as two layers, the
+attention class that holds the pair being none; ``hf.patch(model, fuse_qk_norm=True)`` fuses
+them (:mod:`.hf_qknorm`).
 
 Which family a call belongs to is learned in ``load()``, when kernelize first loads the layer:
 every family of :data:`hf.FAMILIES` that transformers decorates is imported, checked with

@@ -6,6 +6,13 @@ Usage::
     python -m ports.harness.hf_bench --family llama --size 1b --reps 10 \\
         --csv results/hf_bench.csv
     python -m ports.harness.hf_bench --family all --size tiny --modes train,decode
+    python -m ports.harness.hf_bench --family llama,qwen3 --size 1b --modes train \\
+        --liger --json results/data/hf-bench.json    # a data file for tools/results_tables.py
+
+Variants: ``unpatched``; ``fastrope`` (:func:`hf.patch`, the rotary alone); ``liger`` (with
+``--liger``: Liger's rotary function in the family's module); ``fastrope+qknorm`` for the
+families whose q_norm/k_norm + rotary pair fastrope fuses (``hf.patch(..., fuse_qk_norm=True)``:
+Qwen3, Qwen3-MoE, Gemma3; OLMo2's row states why not).
 
 Modes, each timed with CUDA events after a warm-up, per variant:
 
@@ -21,31 +28,42 @@ Repetitions alternate the variants (A B C, B C A, ...), so drift on the machine 
 of them; each repetition is one number (the mean over ``--iters`` calls) and a cell is the median
 of ``--reps`` repetitions with their min and max. Peak memory is ``max_memory_allocated`` over
 one call. Rows (one per cell) carry the GPU, the versions and the commit; with ``--csv`` they are
-appended there, and a table is printed.
+appended there, and a table is printed. With ``--json`` the cells go to a data file that
+``tools/results_tables.py`` renders (``columns`` and ``rows`` as quoted, the raw ``cells``, and
+the run's provenance); a second run with the same path adds its cells and its command, so one
+table can come from several invocations (say the 1B training step of two families and the
+decode of one). Each (family, mode) prints its wall time, to plan a run within a time budget.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import csv
+import json
 import os
+import shlex
 import statistics
+import subprocess
 import sys
 import time
 from typing import Callable
 
 import torch
 
-from ports.fastrope import hf, hf_models
+from ports.fastrope import hf, hf_models, hf_qknorm
 
 MODES = ("train", "prefill", "decode")
 SETTINGS = ("family", "size", "mode", "variant", "unit", "reps", "iters", "batch", "seq",
             "prefill", "new_tokens", "dtype")
-FIELDS = (*SETTINGS, "status", "median", "min", "max", "peak_mib", "gpu", "device", "torch",
+FIELDS = (*SETTINGS, "status", "median", "min", "max", "peak_mib", "wall_s", "gpu", "device",
+          "torch",
           "transformers", "kernels", "liger_kernel", "triton", "cupy", "python", "git_sha",
           "timestamp")
 """The CSV's columns: a row per cell; a cell that could not run has a status and no numbers."""
 SIZES = {"tiny": hf_models.TINY, "1b": hf_models.ONE_B}
+FUSED_VARIANT = "fastrope+qknorm"
+TABLE_COLUMNS = ("family", "size", "mode", "variant", "median [min, max]", "unit",
+                 "vs unpatched", "peak MiB")
 
 
 # ---- variants -----------------------------------------------------------------------------------
@@ -58,10 +76,29 @@ def _liger():
     return liger_rotary_pos_emb
 
 
+def _reusable(make: Callable[[], hf.Patch]) -> Callable[[], hf.Patch] | str:
+    """A factory installing what ``make()`` installs, the same function objects every time: the
+    decode step transformers compiles is guarded on them, so each variant finds its own graph
+    again at every repetition instead of recompiling (and, past dynamo's cache limit, running
+    eager). A refusal becomes the variant's reason."""
+    try:
+        patch = make()
+    except (NotImplementedError, ImportError) as exc:
+        return f"unsupported: {exc}"
+    installed = [(p.module, p.name, getattr(p.module, p.name))
+                 for p in getattr(patch, "parts", (patch,))]
+    patch.undo()
+    return lambda: hf.Patches(*(hf.Patch(m, n, r) for m, n, r in installed))
+
+
 def variants(name: str, *, liger: bool, device: torch.device) -> dict[str, Callable | str]:
     """Variant name -> a context manager factory that installs it, or a reason it cannot run."""
     row = hf.family(name)
-    found = {"unpatched": contextlib.nullcontext, "fastrope": lambda: hf.patch(name)}
+    found = {"unpatched": contextlib.nullcontext, "fastrope": _reusable(lambda: hf.patch(name))}
+    if name in hf_qknorm.FUSED:
+        found[FUSED_VARIANT] = _reusable(lambda: hf.patch(name, fuse_qk_norm=True))
+    elif name in hf_qknorm.REFUSED:
+        found[FUSED_VARIANT] = f"unsupported: {hf_qknorm.REFUSED[name]}"
     if liger:
         fn = _liger()
         if fn is None:
@@ -155,8 +192,35 @@ def _summary(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def _failure(exc: BaseException) -> str:
+    """A cell's status for a mode that raised: "OOM", or "error: Type: first line"."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return "OOM"
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    return f"error: {type(exc).__name__}: {first}"
+
+
+def _measure_mode(work: Workload, found: dict, runnable: list[str], args, device
+                  ) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """(values per variant over the alternating repetitions, peak MiB per variant)."""
+    values: dict[str, list[float]] = {v: [] for v in runnable}
+    peaks = {}
+    for v in runnable:  # warm-up (compiles, autotunes, allocates), then the peak
+        with found[v]():
+            for _ in range(args.warmup):
+                work.run()
+            peaks[v] = _peak_mib(work.run, device)
+    for rep in range(args.reps):
+        shift = rep % len(runnable)
+        for v in runnable[shift:] + runnable[:shift]:
+            with found[v]():
+                values[v].append(work.measure(args.iters))
+    return values, peaks
+
+
 def bench_family(name: str, args, device) -> list[dict]:
-    """Every (mode, variant) cell of one family: values alternated over the repetitions."""
+    """Every (mode, variant) cell of one family: values alternated over the repetitions. A mode
+    that raises (OOM, a compile failure) gives its cells that status, and the run goes on."""
     sizes = SIZES[args.size]
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     model = hf_models.model(name, sizes, dtype=dtype, device=device, attention="sdpa")
@@ -164,51 +228,124 @@ def bench_family(name: str, args, device) -> list[dict]:
     runnable = [v for v, f in found.items() if not isinstance(f, str)]
     rows = []
     for mode in args.modes:
+        started = time.perf_counter()
         work = Workload(mode, model, sizes, args, device)
-        values: dict[str, list[float]] = {v: [] for v in runnable}
-        peaks = {}
-        for v in runnable:  # warm-up (compiles, autotunes, allocates), then the peak
-            with found[v]():
-                for _ in range(args.warmup):
-                    work.run()
-                peaks[v] = _peak_mib(work.run, device)
-        for rep in range(args.reps):
-            shift = rep % len(runnable)
-            for v in runnable[shift:] + runnable[:shift]:
-                with found[v]():
-                    values[v].append(work.measure(args.iters))
+        try:
+            values, peaks = _measure_mode(work, found, runnable, args, device)
+            failed = None
+        except Exception as exc:  # noqa: BLE001 - the cell states it; other modes still run
+            failed = _failure(exc)
+        wall = time.perf_counter() - started
+        print(f"hf_bench: {name} {args.size} {mode}: {wall:.1f} s for {len(runnable)} variants"
+              + (f" ({failed})" if failed else ""), file=sys.stderr, flush=True)
         for v, f in found.items():
             base = dict(family=name, size=args.size, mode=mode, variant=v, unit=work.unit,
                         reps=args.reps, iters=args.iters, batch=args.batch, seq=args.seq,
-                        prefill=args.prefill, new_tokens=args.new_tokens, dtype=str(dtype))
-            if isinstance(f, str):
-                rows.append(base | {"status": f})
+                        prefill=args.prefill, new_tokens=args.new_tokens, dtype=str(dtype),
+                        wall_s=round(wall, 1))
+            if isinstance(f, str) or failed:
+                rows.append(base | {"status": f if isinstance(f, str) else failed})
                 continue
             rows.append(base | _summary(values[v]) | {"peak_mib": peaks[v], "status": "ok"})
+        model.zero_grad(set_to_none=True)  # the next mode's peak holds no gradients
         del work
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     del model
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return rows
 
 
-def table(rows: list[dict]) -> str:
-    """One line per cell: median [min, max] and the ratio to unpatched's median."""
-    base = {(r["family"], r["mode"]): r["median"] for r in rows
+def table_rows(rows: list[dict]) -> list[list[str]]:
+    """The cells as strings, one list per cell in :data:`TABLE_COLUMNS`' order: median [min,
+    max], the ratio of the medians to unpatched's, the peak; or the reason it did not run."""
+    base = {(r["family"], r["size"], r["mode"]): r["median"] for r in rows
             if r["variant"] == "unpatched" and r["status"] == "ok"}
-    lines = ["| family | mode | variant | median [min, max] | unit | vs unpatched | peak MiB |",
-             "|---|---|---|---|---|---|---|"]
+    out = []
     for r in rows:
+        head = [r["family"], r["size"], r["mode"], r["variant"]]
         if r["status"] != "ok":
-            lines.append(f"| {r['family']} | {r['mode']} | {r['variant']} | {r['status']} "
-                         "| | | |")
+            out.append(head + [r["status"], "", "", ""])
             continue
-        ref = base.get((r["family"], r["mode"]))
+        ref = base.get((r["family"], r["size"], r["mode"]))
         ratio = f"{r['median'] / ref:.3f}" if ref else ""
-        lines.append(f"| {r['family']} | {r['mode']} | {r['variant']} | {r['median']:.4g} "
-                     f"[{r['min']:.4g}, {r['max']:.4g}] | {r['unit']} | {ratio} | "
-                     f"{r['peak_mib']:.0f} |")
+        peak = r.get("peak_mib")
+        peak = "-" if peak is None or peak != peak else f"{peak:.0f}"  # NaN or null: no GPU
+        out.append(head + [f"{r['median']:.4g} [{r['min']:.4g}, {r['max']:.4g}]", r["unit"],
+                           ratio, peak])
+    return out
+
+
+def table(rows: list[dict]) -> str:
+    """The cells as a markdown table (:func:`table_rows`)."""
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    lines += ["| " + " | ".join(r) + " |" for r in table_rows(rows)]
     return "\n".join(lines)
+
+
+def _driver() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "not recorded"
+    return out.splitlines()[0].strip() if out.strip() else "not recorded"
+
+
+def earlier_run(path: str, meta: dict[str, str]) -> dict | None:
+    """The data file at ``path`` (None if there is none), refused with exit 2 when it holds
+    another GPU's or commit's run: one table never mixes machines or trees."""
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f)
+        found = old["gpu"], old["commit"], old["cells"], old["command"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"hf_bench: {path} is not an hf_bench data file ({type(exc).__name__}: {exc}); "
+              f"write another path", file=sys.stderr)
+        raise SystemExit(2) from None
+    if found[:2] != (meta["gpu"], meta["git_sha"]):
+        print(f"hf_bench: {path} holds a run on {found[0]} at {found[1]}, this is "
+              f"{meta['gpu']} at {meta['git_sha']}; write another path", file=sys.stderr)
+        raise SystemExit(2)
+    return old
+
+
+def write_data_file(path: str, rows: list[dict], meta: dict[str, str], command: str) -> None:
+    """The cells as a results data file (``tools/results_tables.py``: ``columns``, ``rows`` and
+    the provenance it checks), merged into ``path`` when that exists: its cells and commands
+    kept, a cell measured again replaced. The provenance is the last run's; a run on another GPU
+    or commit than the file's is refused, so one table never mixes machines."""
+    key = ("family", "size", "mode", "variant")
+    old = earlier_run(path, meta) or {"cells": [], "command": []}
+    new = {tuple(r[k] for k in key) for r in rows}
+    cells = [c for c in old["cells"] if tuple(c[k] for k in key) not in new]
+    cells += [{k: (None if r[k] != r[k] else r[k]) for k in FIELDS if k in r}  # NaN: null
+              for r in rows]
+    families = list(dict.fromkeys(c["family"] for c in cells))  # first run's order first
+    cells.sort(key=lambda c: (families.index(c["family"]), c["size"], MODES.index(c["mode"])))
+    data = {
+        "document": "results/README.md",
+        "section": "not recorded",
+        "context": ("python -m ports.harness.hf_bench: bf16 models with random weights, sdpa "
+                    "attention; median [min, max] over the alternating repetitions; vs "
+                    "unpatched: the ratio of the medians (decode: tokens/s, higher is better)"),
+        "command": [*old["command"], command],
+        "commit": meta["git_sha"],
+        "gpu": meta["gpu"],
+        "driver": _driver(),
+        "versions": {m: meta[m] for m in ("torch", "triton", "transformers", "kernels",
+                                          "liger_kernel")},
+        "date": meta["timestamp"][:10],
+        "columns": list(TABLE_COLUMNS),
+        "rows": table_rows(cells),
+        "cells": cells,
+    }
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")
 
 
 def _metadata(device) -> dict[str, str]:
@@ -240,6 +377,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--new-tokens", type=int, default=64, help="decode: tokens per sequence")
     p.add_argument("--liger", action="store_true", help="add Liger's rotary patch as a variant")
     p.add_argument("--csv", help="append the rows to this CSV file")
+    p.add_argument("--json", help="write (or add to) this results data file "
+                                  "(results/data/NAME.json, for tools/results_tables.py)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return p
 
@@ -258,10 +397,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, "hf_bench: --reps and --iters must be at least 1\n")
     device = torch.device(args.device)
     meta = _metadata(device)
+    if args.json:
+        earlier_run(args.json, meta)  # refused before anything is measured
     rows = [r | meta for name in families for r in bench_family(name, args, device)]
     print(table(rows))
     print(f"\n{meta['gpu']}; torch {meta['torch']}, transformers {meta['transformers']}, "
           f"kernels {meta['kernels']}, liger {meta['liger_kernel']}; {meta['git_sha']}")
+    if args.json:
+        command = shlex.join(["python", "-m", "ports.harness.hf_bench", *(
+            sys.argv[1:] if argv is None else argv)])
+        write_data_file(args.json, rows, meta, command)
     if args.csv:
         new = not os.path.exists(args.csv)
         with open(args.csv, "a", newline="") as f:
