@@ -138,6 +138,25 @@ def test_batch_rows_and_bshd_layout(emulated):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
 
 
+def test_outputs_have_the_originals_strides(oracle_kernel, monkeypatch):
+    """q, k as transformers' attention makes them ([b, h, s, d] views of [b, s, h, d] memory):
+    the drop-in's outputs have the original's strides (that memory order), and its values; a
+    contiguous [b, h, s, d] q keeps its own order."""
+    monkeypatch.setattr(hf, "_on_kernel_device", lambda t: True)
+    original = hf.original_of(hf.module_of(hf.FAMILIES["llama"]).apply_rotary_pos_emb)
+    rotary = hf.drop_in(hf.FAMILIES["llama"], original)
+    gen = torch.Generator().manual_seed(5)
+    angle = torch.rand(2, 6, 4, generator=gen) * 6
+    cos, sin = expand_half(angle.cos(), "rotate_half"), expand_half(angle.sin(), "rotate_half")
+    for q, k in ((torch.randn(2, 6, 4, 8, generator=gen).transpose(1, 2),
+                  torch.randn(2, 6, 2, 8, generator=gen).transpose(1, 2)),
+                 (torch.randn(2, 4, 6, 8, generator=gen), torch.randn(2, 2, 6, 8, generator=gen))):
+        got, want = rotary(q, k, cos, sin), original(q, k, cos, sin)
+        for g, w in zip(got, want):
+            assert g.stride() == w.stride()
+            torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("change", ["dtype", "cos_dtype", "unsqueeze_dim", "partial", "3d"])
 def test_calls_fastrope_does_not_serve_go_to_the_original(emulated, change):
     calls = []

@@ -159,9 +159,24 @@ def rotate(row: Family, q, k, cos, sin, unsqueeze_dim: int = 1):
         offsets = torch.arange(0, b * s, s, device=q.device, dtype=torch.int32)
     if row.table == "glm":  # cat(f, f): the first half holds one angle per pair
         cos, sin = cos[:, : width // 2], sin[:, : width // 2]
+    layout = LAYOUTS[unsqueeze_dim]
+    token_major = layout == "bhsd" and _token_major(q) and _token_major(k)
+    if token_major:  # rotate [b, s, h, d] memory as bshd: the outputs keep its order
+        q, k, layout = q.transpose(1, 2), k.transpose(1, 2), "bshd"
     # The rows cover every token by construction: no position check (and no device sync).
-    return apply_rope(q, k, cos=cos, sin=sin, offsets=offsets, layout=LAYOUTS[unsqueeze_dim],
-                      style=row.style, rotary_dim=width, check_positions=False)
+    q_embed, k_embed = apply_rope(q, k, cos=cos, sin=sin, offsets=offsets, layout=layout,
+                                  style=row.style, rotary_dim=width, check_positions=False)
+    if token_major:
+        return q_embed.transpose(1, 2), k_embed.transpose(1, 2)
+    return q_embed, k_embed
+
+
+def _token_major(x) -> bool:
+    """Whether ``x [b, h, s, d]`` is a view of ``[b, s, h, d]`` memory (a projection's output,
+    transposed, as transformers' attention makes q and k). The original's elementwise ops give
+    outputs in that memory order; fastrope's outputs are contiguous in the layout it is given,
+    so it is given bshd, and the drop-in's outputs have the original's strides."""
+    return x.shape[2] > 1 and x.stride(1) < x.stride(2)
 
 
 def drop_in(row: Family, original: Callable) -> Callable:
