@@ -80,14 +80,39 @@ def _rows() -> dict:
     rows[OP] = lambda: torch.ops.fastrope.rope_(q, *op_args)
     rows["torch.ops.fastrope.rope(q, ...) (the op, eager dispatch; allocates)"] = \
         lambda: torch.ops.fastrope.rope(q, *op_args, False)
+    probe = _probe_ops(lambda: fn((1,), (256,), pargs, stream=stream))
     compiled = {
         COMPILED_INPLACE: lambda t: fastrope.apply_rope_inplace(t, cos=cos, sin=sin),
         COMPILED: lambda t: fastrope.apply_rope(t, cos=cos, sin=sin),
         COMPILED_ADD: lambda t: t.add_(0),
+        COMPILED_NOOP: lambda t: probe.noop_(t, *op_args),
+        COMPILED_LAUNCH: lambda t: probe.launch_(t, *op_args),
     }
     for label, f in compiled.items():
         rows[label] = functools.partial(torch.compile(f, fullgraph=True), q)
     return rows
+
+
+_PROBE = "rope_overhead_probe"
+_probe_launch = []  # the launch the probe op makes (set by _probe_ops)
+
+
+def _probe_ops(launch):
+    """Two ops with rope_'s schema, declared as fastrope's are (torch.library.Library, one Python
+    kernel): ``noop_`` does nothing, ``launch_`` only ``launch()``: a cached kernel launch with no
+    checks. Compiled, they give the floor of any op whose implementation is Python."""
+    _probe_launch[:] = [launch]
+    if not hasattr(torch.ops, _PROBE) or not hasattr(getattr(torch.ops, _PROBE), "noop_"):
+        lib = torch.library.Library(_PROBE, "DEF")
+        _probe_ops.lib = lib  # the registrations live as long as the library object
+        schema = torch.ops.fastrope.rope_.default._schema
+        args = str(schema)[str(schema).index("("):]
+        for name, impl in (("noop_", lambda *a: None),
+                           ("launch_", lambda *a: _probe_launch[0]())):
+            lib.define(name + args)
+            lib.impl(name, impl, "CompositeExplicitAutograd")
+            torch.library.register_fake(f"{_PROBE}::{name}", lambda *a: None, lib=lib)
+    return getattr(torch.ops, _PROBE)
 
 
 DIRECT = "fastrope.apply_rope_inplace(q, cos=, sin=)"
@@ -95,6 +120,8 @@ OP = "torch.ops.fastrope.rope_(q, ...) (the op, eager dispatch)"
 COMPILED_INPLACE = "compiled fastrope.apply_rope_inplace(q, cos=, sin=) (fullgraph)"
 COMPILED = "compiled fastrope.apply_rope(q, cos=, sin=) (fullgraph)"
 COMPILED_ADD = "(compiled t.add_(0) alone: a compiled call's own cost)"
+COMPILED_NOOP = "(compiled op with rope_'s schema doing nothing: the op boundary)"
+COMPILED_LAUNCH = "(compiled op with rope_'s schema, only a cached launch: the floor)"
 
 
 def measure(rounds: int = ROUNDS) -> dict[str, list[float]]:
@@ -116,6 +143,8 @@ def ratios(median: dict[str, float]) -> list[tuple[str, str]]:
          f"{median[COMPILED_INPLACE] - median[COMPILED_ADD]:+.1f} us"),
         ("compiled apply_rope - compiled t.add_(0)",
          f"{median[COMPILED] - median[COMPILED_ADD]:+.1f} us"),
+        ("floor: compiled launch-only op - compiled t.add_(0)",
+         f"{median[COMPILED_LAUNCH] - median[COMPILED_ADD]:+.1f} us"),
     ]
 
 
