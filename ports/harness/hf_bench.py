@@ -352,10 +352,13 @@ def _metadata(device) -> dict[str, str]:
     from ports.harness.env import metadata
 
     meta = metadata()
-    for module in ("transformers", "kernels", "liger_kernel"):
+    from importlib.metadata import PackageNotFoundError, version
+
+    for module, dist in (("transformers", "transformers"), ("kernels", "kernels"),
+                         ("liger_kernel", "liger-kernel")):  # liger_kernel has no __version__
         try:
-            meta[module] = __import__(module).__version__
-        except Exception:  # noqa: BLE001 - a missing peer is a value, not an error
+            meta[module] = version(dist)
+        except PackageNotFoundError:  # a missing peer is a value, not an error
             meta[module] = "not installed"
     meta["device"] = str(device)
     return meta

@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -346,6 +347,8 @@ def measure(shape: Shape, dtype: torch.dtype, rep_ms: int, *, check: bool = Fals
                     out["us"] = graph_median_us(timed, rep_ms=rep_ms)
             except Exception as e:  # a row that cannot run says why, the rest still run
                 out["reason"] = f"{type(e).__name__}: {e}"[:80]
+                print(f"qknorm_bench: {shape.name} {direction} {row.name}:", file=sys.stderr)
+                traceback.print_exc(file=sys.stderr)
             rows.append(out)
             torch.cuda.empty_cache()
     return rows
