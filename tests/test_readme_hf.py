@@ -12,6 +12,7 @@ pytest.importorskip("transformers", reason="needs Hugging Face transformers: pip
                                            "'.[hf]'")
 pytest.importorskip("kernels", reason="needs Hugging Face kernels: pip install -e '.[hf]'")
 
+from ports import _triton  # noqa: E402
 from ports.fastrope import hf_kernels, hf_qknorm  # noqa: E402
 from test_hf import cpu_mapping, emulated  # noqa: E402,F401 - fixtures
 from test_readme import code_blocks, section  # noqa: E402
@@ -39,6 +40,9 @@ def test_kernelize_snippet_reaches_fastrope(emulated, cpu_mapping, monkeypatch):
     assert emulated.calls
 
 
+@pytest.mark.skipif(not _triton.interpreting(),
+                    reason="the fused kernel on CPU tensors needs TRITON_INTERPRET=1 (conftest sets "
+                           "it where there is no GPU); tests/test_gpu_hf.py runs it on the GPU")
 def test_patch_snippet_reaches_the_fused_kernel(emulated, cpu_mapping,  # noqa: F811
                                                monkeypatch):
     calls = []
