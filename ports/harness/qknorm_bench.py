@@ -4,7 +4,9 @@ forward and backward, on equal inputs, on the GPU.
     python -m ports.harness.qknorm_bench [--dtype bf16] [--rep-ms 100] [--shapes NAME..]
                                          [--check] [--json PATH] [--set BACKWARD_WARPS=8 ...]
 
-Rows, per shape and direction (every time the median of CUDA-graph replays, in us). Every row
+Rows, per shape and direction (forward: the median of CUDA-graph replays; backward: the CUDA-event
+median of ``triton.testing.do_bench``, because autograd runs a backward on its forward's stream,
+which a graph capture on its own stream cannot take; in us, the copy timed the same way). Every row
 gets the same q, k ``[b, s, h, d]``, weights and cos/sin values (seed 0); a row whose API takes
 another form gets it built outside the timed call, and the table's ``input`` column says which:
 
@@ -292,13 +294,14 @@ def oracle(shape: Shape, args, direction: str, grads=None, norm: str = "head"):
 
 def measure(shape: Shape, dtype: torch.dtype, rep_ms: int, *, check: bool = False) -> list[dict]:
     """One row per (direction, implementation), plus the copy rows."""
-    from ports.harness.timing import copy_us, graph_median_us
+    from ports.harness.timing import copy_us, graph_median_us, median_us
 
     item = torch.empty((), dtype=dtype).element_size()
     qk_bytes = shape.b * shape.s * (shape.hq + shape.hk) * shape.d * item
     rows = []
     for direction, moved in (("forward", 2 * qk_bytes), ("backward", 3 * qk_bytes)):
-        copy = copy_us(moved // 2, graph=True)
+        graph = direction == "forward"  # a backward is event timed (module docstring)
+        copy = copy_us(moved // 2, graph=graph)
         base = dict(shape=shape.name, direction=direction, copy_us=copy)
         rows.append(dict(base, impl="copy", input="", us=copy))
         for row in _rows(shape):
@@ -344,7 +347,7 @@ def measure(shape: Shape, dtype: torch.dtype, rep_ms: int, *, check: bool = Fals
                 elif err > WRONG_ULPS:
                     out["reason"] = f"wrong: {err:.3g} ulp from the oracle"
                 else:
-                    out["us"] = graph_median_us(timed, rep_ms=rep_ms)
+                    out["us"] = (graph_median_us if graph else median_us)(timed, rep_ms=rep_ms)
             except Exception as e:  # a row that cannot run says why, the rest still run
                 out["reason"] = f"{type(e).__name__}: {e}"[:80]
                 print(f"qknorm_bench: {shape.name} {direction} {row.name}:", file=sys.stderr)
@@ -404,7 +407,9 @@ def data_file(rows: list[dict], *, dtype: str, command: str, previous: dict | No
     return {
         "document": "ports/fastrope/DESIGN.md",
         "section": "Fused QK-norm + RoPE",
-        "context": (f"The qknorm suite ({dtype}): CUDA-graph median us per call; % copy: a "
+        "context": (f"The qknorm suite ({dtype}): median us per call, forward from CUDA-graph "
+                    "replays, backward CUDA-event timed (autograd's backward cannot be captured "
+                    "apart from its forward); % copy: a "
                     "copy of the bytes the direction must move over the row's time; x unfused: "
                     "rms_norm + fastrope's time over the row's; err: largest error against the "
                     "float64 oracle in output ulps (empty: run without --check)."),
@@ -494,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for shape in shapes:
         rows += measure(shape, DTYPES[args.dtype], args.rep_ms, check=args.check)
-    print(f"GPU: {torch.cuda.get_device_name()}, dtype {args.dtype}, CUDA-graph medians (us), "
+    print(f"GPU: {torch.cuda.get_device_name()}, dtype {args.dtype}, medians (us; forward "
+          "CUDA-graph, backward CUDA-event), "
           f"settings {settings or 'default'}\n")
     print(table(rows))
     if args.json is not None:
