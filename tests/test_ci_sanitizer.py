@@ -49,9 +49,10 @@ def test_each_sanitizer_stage_runs_one_tool_over_the_cupy_ports(tmp_path):
     args = _sanitizer_args(tmp_path, "initcheck")
     assert "--tool initcheck" in args
     for port in ("apex", "paddle", "oneflow", "te", "leetcuda", "fastrope", "vllm_port",
-                 "flashinfer_port", "sglang"):
+                 "flashinfer_port", "sglang", "vllm_qknorm", "flashinfer_qknorm"):
         assert f"tests/test_gpu_{port}.py" in args
-    for other in ("hf", "qknorm", "triton_seeds", "fastrope_torch", "peers", "crossval"):
+    for other in ("hf", "qknorm", "triton_seeds", "fastrope_torch", "peers", "crossval",
+                  "context_parallel"):
         assert f"tests/test_gpu_{other}.py" not in args
     assert "-k not test_more_than_2_31_elements and not test_offsets_more_than_2_31" in args
 
@@ -59,7 +60,8 @@ def test_each_sanitizer_stage_runs_one_tool_over_the_cupy_ports(tmp_path):
 def test_racecheck_takes_the_shared_memory_kernels(tmp_path):
     assert _run(tmp_path, "--stage", "sanitizer-racecheck").returncode == 0
     args = _sanitizer_args(tmp_path, "racecheck")
-    assert "pytest tests/test_gpu_te.py tests/test_gpu_fastrope.py -q" in args
+    assert ("pytest tests/test_gpu_te.py tests/test_gpu_fastrope.py tests/test_gpu_vllm_qknorm.py -q"
+            in args)
 
 
 def test_sanitizer_runs_the_chosen_tools_in_turn(tmp_path):
