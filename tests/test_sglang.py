@@ -230,7 +230,7 @@ def test_the_launch_passes_the_row_bounds_the_kernel_reads(monkeypatch, fused):
     monkeypatch.setattr(_launch, "num_sms", lambda device: 132)
     monkeypatch.setattr(_launch._cupy, "launch", lambda *a: launched.append(a))
     q, k = qk()
-    kv = _fused(v_buffer=rand(18, HK * D)) if fused else None
+    kv = _fused(v_buffer=rand(18, HK * D), cache_loc=torch.arange(NNZ)) if fused else None
     sglang.apply_rope_with_cos_sin_cache_inplace(pos(), q, k, D, cache(rows=16), False, kv)
     (_, name, _, _, _, args), = launched
     params = _kernel_params()
