@@ -1,8 +1,11 @@
 """The SGLang port on the CPU: launch-shape choice, kernel list, host refusals (each raised
 before any launch: inputs that pass every check reach the device check, which fails here on CPU
-tensors), and the registry rows' reasons."""
+tensors), the host range checks and the flags that skip them, the row bounds the launch passes
+to the kernels, and the registry rows (their reasons; the cache row checks positions once in
+prepare and times the call without the sync)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -166,3 +169,92 @@ def test_registry_rows_and_their_reasons():
     assert "asymmetric" in any_row.unsupported_reason(h80.replace(asymmetric=True))
     assert any_row.unsupported_reason(h80.replace(asymmetric=True, style="rotate_half")) is None
     assert any_row.unsupported_reason(h80.replace(contiguous=False)) == "needs contiguous input"
+
+
+def test_host_index_checks_can_be_skipped():
+    """The ranges of positions and cache_loc are read on the host (a sync the original does not
+    have) unless the caller skips them, each by its own flag: the bad index then reaches the
+    device check, not the range check (on a GPU the kernels' own bounds take it)."""
+    q, k = qk()
+    bad_pos, bad_loc = pos().index_fill(0, torch.tensor([2]), 16), torch.arange(NNZ) + 15
+    call = sglang.apply_rope_with_cos_sin_cache_inplace
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        call(bad_pos, q, k, D, cache(), check_positions_on_host=False)
+    with pytest.raises(ValueError, match="must be a CUDA tensor"):
+        call(bad_pos, q, k, D, cache(), False, _fused(cache_loc=bad_loc),
+             check_positions_on_host=False, check_cache_loc_on_host=False)
+    with pytest.raises(ValueError, match="pos_ids must lie"):
+        call(bad_pos, q, k, D, cache(), False, _fused(), check_cache_loc_on_host=False)
+    with pytest.raises(ValueError, match="kv_cache_loc must lie"):
+        call(pos(), q, k, D, cache(), False, _fused(cache_loc=bad_loc),
+             check_positions_on_host=False)
+
+
+def test_index_checks_name_the_range():
+    sglang.check_positions(torch.tensor([0, 15]), 16)
+    sglang.check_positions(torch.zeros(0, dtype=torch.int64), 16)
+    sglang.check_cache_loc(torch.tensor([19, 0]), 20)
+    for bad in ([0, 16], [-1, 3]):
+        with pytest.raises(ValueError, match=r"pos_ids must lie in \[0, 16\).*\[-?\d+, \d+\]"):
+            sglang.check_positions(torch.tensor(bad), 16)
+        with pytest.raises(ValueError, match=r"kv_cache_loc must lie in \[0, 15\)"):
+            sglang.check_cache_loc(torch.tensor(bad), 15)
+
+
+def test_cache_loc_is_checked_against_the_smaller_buffer():
+    q, k = qk()
+    loc = torch.arange(NNZ) + 14  # rows 14..19: inside k_buffer's 20 rows, past v_buffer's 18
+    with pytest.raises(ValueError, match=r"kv_cache_loc must lie in \[0, 18\)"):
+        sglang.apply_rope_with_cos_sin_cache_inplace(
+            pos(), q, k, D, cache(), False, _fused(v_buffer=rand(18, HK * D), cache_loc=loc))
+
+
+def _kernel_params() -> list[str]:
+    """The cache kernels' parameter names, in order, from rope.cu's SGL_ROPE_PARAMS."""
+    import re
+    from pathlib import Path
+
+    src = (Path(_launch.__file__).parent / "rope.cu").read_text()
+    body = re.search(r"#define SGL_ROPE_PARAMS(.*?)\n\n", src, re.S).group(1).replace("\\", " ")
+    return [re.findall(r"\w+", p)[-1] for p in body.split(",")]
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_launch_passes_the_row_bounds_the_kernel_reads(monkeypatch, fused):
+    """The kernel's bounds come as arguments: the cache's rows as max_pos and the rows both KV
+    buffers have as kv_rows (0 without the fused store), one argument per parameter of the
+    kernel's signature. The launch is captured here instead of run."""
+    launched = []
+    monkeypatch.setattr(_launch._cupy, "check_cuda", lambda *named: 0)
+    monkeypatch.setattr(_launch, "occupancy", lambda *a: 8)
+    monkeypatch.setattr(_launch, "num_sms", lambda device: 132)
+    monkeypatch.setattr(_launch._cupy, "launch", lambda *a: launched.append(a))
+    q, k = qk()
+    kv = _fused(v_buffer=rand(18, HK * D), cache_loc=torch.arange(NNZ)) if fused else None
+    sglang.apply_rope_with_cos_sin_cache_inplace(pos(), q, k, D, cache(rows=16), False, kv)
+    (_, name, _, _, _, args), = launched
+    params = _kernel_params()
+    assert name.startswith("sgl_rope_enhanced") and len(args) == len(params)
+    bound = dict(zip(params, args))
+    assert bound["max_pos"] == 16 and bound["max_pos"].dtype == np.int64
+    assert bound["kv_rows"] == (18 if fused else 0) and bound["kv_rows"].dtype == np.int64
+    assert bound["nnz"] == NNZ and bound["rotary_dim"] == D
+
+
+def test_registry_row_checks_positions_once_and_times_the_original_work(monkeypatch):
+    """The cache row reads the positions' range once while building its call; the timed call
+    skips the port's sync (``check_positions_on_host=False``), as the original has none."""
+    from reference.case import make_inputs
+
+    case = RopeCase(2, 8, 4, 64, kv_heads=2, dtype="bf16")
+    calls, checked = [], []
+    monkeypatch.setattr(sglang, "apply_rope_with_cos_sin_cache_inplace",
+                        lambda *a, **kw: calls.append(kw))
+    real = sglang.check_positions
+    monkeypatch.setattr(sglang, "check_positions", lambda *a: checked.append(a) or real(*a))
+    fn = registry.get("sglang.cos_sin_cache_inplace").prepare(case, make_inputs(case, 0))
+    assert len(checked) == 1  # once, while preparing
+    fn()
+    fn()
+    assert len(checked) == 1
+    assert [kw["check_positions_on_host"] for kw in calls] == [False, False]

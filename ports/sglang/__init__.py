@@ -46,12 +46,25 @@ Departures (each refuses or fixes what the original mishandles, or says what it 
   as the original refuses it.
 * Interleaved cache kernels load the ``vec_size / 2`` cos/sin values they use instead of
   ``vec_size`` (the original reads past the cache on its last row).
-* Added host checks: ``pos_ids`` in ``[0, max_seq_len)`` and ``cache_loc`` in the KV buffers'
-  rows (read on the host: a device sync, skipped during CUDA-graph capture); int64 ``pos_ids``
-  and ``cache_loc`` and an fp32 cache as the kernels read them; q, k, v and the buffers one dtype;
-  ``v`` ``[nnz, H_K, D]``; 16-byte aligned rows for the vector loads; the rotary width a multiple
-  of the vector (``2 * vec_size`` rotate-half, ``vec_size`` interleaved), where the original
-  pairs a straddling vector wrongly without a word.
+* The cache kernels take the cache's row count and give a token whose position lies
+  outside ``[0, max_seq_len)`` NaN cos/sin (its rotated lanes come out NaN, the rest are copied)
+  instead of reading past the cache, as the FlashInfer port's cache kernels do; they also take
+  the rows both KV buffers have and skip the store of a token whose ``cache_loc`` lies outside
+  them (its rotated k is still written to ``key``) instead of writing past ``k_buffer`` and
+  ``v_buffer``. Reached only where the host check below is skipped or cannot run, inside a
+  CUDA-graph capture; else the host refuses such indices.
+* ``pos_ids`` must lie in ``[0, max_seq_len)`` and ``cache_loc`` in the rows both KV buffers
+  have (the original reads past the cache and writes past the buffers): the host reads their
+  range (``aminmax`` and a copy to the host). Each read is a device sync the original does not
+  have (the call waits for the stream's queued work), so each is optional: keyword-only
+  ``check_positions_on_host`` / ``check_cache_loc_on_host`` (default True; False makes the call
+  the original's work, for trusted indices). Skipped, or during a CUDA-graph capture (where no
+  value can be read), the kernel bounds above apply instead. The registry rows check once when
+  they build their inputs and time the call without the sync.
+* Added host checks: int64 ``pos_ids`` and ``cache_loc`` and an fp32 cache as the kernels read
+  them; q, k, v and the buffers one dtype; ``v`` ``[nnz, H_K, D]``; 16-byte aligned rows for the
+  vector loads; the rotary width a multiple of the vector (``2 * vec_size`` rotate-half,
+  ``vec_size`` interleaved), where the original pairs a straddling vector wrongly without a word.
 * ``rotary_embedding``: the rotated width must fit the head (the original walks past each head),
   cos/sin must be dense, and element counts past int32 are refused (the original's int32 token
   offsets overflow); float64 is not instantiated.
@@ -64,7 +77,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ports.sglang._launch import apply_rope_pos_ids_cos_sin_cache, rotary_embedding
+from ports.sglang._launch import (
+    apply_rope_pos_ids_cos_sin_cache, check_cache_loc, check_positions, rotary_embedding,
+)
 
 UPSTREAM = ("sgl-project/sglang@54ac12ace81e:sgl-kernel/csrc/elementwise/pos_enc.cuh "
             "(rope.cu@8704aa6a, python/sgl_kernel/elementwise.py@00694356); "
@@ -102,14 +117,19 @@ def apply_rope_with_cos_sin_cache_inplace(
         positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor, head_size: int,
         cos_sin_cache: torch.Tensor, is_neox: bool = True,
         fused_set_kv_buffer_arg: FusedSetKVBufferArg | None = None,
-        enable_pdl: bool | None = None) -> None:
+        enable_pdl: bool | None = None, *, check_positions_on_host: bool = True,
+        check_cache_loc_on_host: bool = True) -> None:
     """Rotate ``query`` ``[nnz, Hq * head_size]`` and ``key`` ``[nnz, Hk * head_size]`` in place.
 
     ``positions``: ``[nnz]`` (taken as int64); ``cos_sin_cache``: fp32 ``[max_seq_len, R]``,
     cos in the first R/2 columns and sin in the last (R is the rotated width); ``is_neox``: pairs
     ``(i, i + R/2)``, else ``(2i, 2i + 1)``. With ``fused_set_kv_buffer_arg`` the rotated key and
     the value are also stored at rows ``cache_loc`` of its KV buffers. Head sizes 64, 128, 256,
-    512; others go to :func:`rotary_embedding`.
+    512; others go to :func:`rotary_embedding`. ``check_positions_on_host`` /
+    ``check_cache_loc_on_host`` (added, keyword-only): read the range of ``positions`` /
+    ``cache_loc`` on the host and refuse one outside the cache / the buffers (a sync the
+    original does not have); False leaves the call the original's work, and the kernel gives
+    such a token NaN / skips its store.
 
     >>> apply_rope_with_cos_sin_cache_inplace(pos, q, k, 128, cache)  # doctest: +SKIP
     """
@@ -130,8 +150,10 @@ def apply_rope_with_cos_sin_cache_inplace(
         _view_3d(a.value, head_size) if a is not None else None,
         _view_3d(a.k_buffer, head_size) if a is not None else None,
         _view_3d(a.v_buffer, head_size) if a is not None else None,
-        a.cache_loc if a is not None else None)
+        a.cache_loc if a is not None else None, check_positions_on_host=check_positions_on_host,
+        check_cache_loc_on_host=check_cache_loc_on_host)
 
 
 __all__ = ["UPSTREAM", "FusedSetKVBufferArg", "apply_rope_with_cos_sin_cache_inplace",
-           "apply_rope_pos_ids_cos_sin_cache", "rotary_embedding", "is_arch_support_pdl"]
+           "apply_rope_pos_ids_cos_sin_cache", "rotary_embedding", "is_arch_support_pdl",
+           "check_positions", "check_cache_loc"]

@@ -6,6 +6,15 @@ arguments, block shapes and grid choice.
 Check order: the original's checks in its order, then the port's added checks (each refuses an
 input the original would read or write out of bounds, or rotate wrongly without a word; see
 :mod:`ports.sglang`), then the device.
+
+Two added checks read device values on the host: the range of ``pos_ids`` (rows of
+``cos_sin_cache``) and of ``kv_cache_loc`` (rows of ``k_buffer`` and ``v_buffer``). Each is a
+device sync the original does not have (tens of microseconds: more than a decode step's kernel),
+so each can be skipped for trusted indices (``check_positions_on_host`` /
+``check_cache_loc_on_host``), and neither can run inside a CUDA-graph capture. Then the kernels'
+own bounds apply: a position outside the cache gives its token NaN in the rotated lanes, a
+``kv_cache_loc`` outside the buffers skips that token's store; neither reads or writes out of
+bounds.
 """
 from __future__ import annotations
 
@@ -84,26 +93,44 @@ def _check_vector_access(t: torch.Tensor, name: str, vec_bytes: int) -> None:
 
 
 def _capturing() -> bool:
+    """Inside a CUDA-graph capture, where reading device values on the host is not allowed."""
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def _check_index_range(idx: torch.Tensor, name: str, rows: int, what: str) -> None:
-    """Added: every index within ``[0, rows)`` (read on the host: a device sync the original
-    does not have; skipped during CUDA-graph capture, where values cannot be read)."""
-    if idx.numel() == 0 or _capturing():
+    """Every index within ``[0, rows)``: one reduction and one copy to the host (a sync)."""
+    if idx.numel() == 0:
         return
-    lo, hi = int(idx.min()), int(idx.max())
+    lo, hi = (int(v) for v in torch.stack(torch.aminmax(idx)).tolist())
     if lo < 0 or hi >= rows:
         raise ValueError(f"{name} must lie in [0, {rows}) ({what}); got values in [{lo}, {hi}] "
                          "(the original would read or write out of bounds)")
 
 
+def check_positions(pos_ids: torch.Tensor, rows: int) -> None:
+    """Added: every position indexes a row of the ``rows``-row cache (the original reads past
+    the cache otherwise)."""
+    _check_index_range(pos_ids, "pos_ids", rows, "rows of cos_sin_cache")
+
+
+def check_cache_loc(kv_cache_loc: torch.Tensor, rows: int) -> None:
+    """Added: every ``kv_cache_loc`` indexes one of the ``rows`` rows both KV buffers have (the
+    original writes past them otherwise)."""
+    _check_index_range(kv_cache_loc, "kv_cache_loc", rows, "rows of k_buffer and v_buffer")
+
+
 def apply_rope_pos_ids_cos_sin_cache(q, k, q_rope, k_rope, cos_sin_cache, pos_ids,
                                      interleave: bool, enable_pdl: bool, v=None, k_buffer=None,
-                                     v_buffer=None, kv_cache_loc=None) -> None:
+                                     v_buffer=None, kv_cache_loc=None, *,
+                                     check_positions_on_host: bool = True,
+                                     check_cache_loc_on_host: bool = True) -> None:
     """sgl-kernel's op: rotate ``q [nnz, Hq, D]`` and ``k [nnz, Hk, D]`` into ``q_rope`` and
     ``k_rope`` (which may be ``q`` and ``k``); with ``v`` given, also store k (rotated) and v at
-    rows ``kv_cache_loc`` of ``k_buffer`` and ``v_buffer``."""
+    rows ``kv_cache_loc`` of ``k_buffer`` and ``v_buffer``. ``check_positions_on_host`` /
+    ``check_cache_loc_on_host`` (added, keyword-only): :func:`check_positions` /
+    :func:`check_cache_loc` first (each a sync the original does not have; skipped inside a
+    CUDA-graph capture); False leaves the call the original's work, and the kernel's bounds
+    apply."""
     named = [("q", q), ("k", k), ("q_rope", q_rope), ("k_rope", k_rope),
              ("cos_sin_cache", cos_sin_cache), ("pos_ids", pos_ids)]
     for name, t in named:
@@ -186,9 +213,11 @@ def apply_rope_pos_ids_cos_sin_cache(q, k, q_rope, k_rope, cos_sin_cache, pos_id
         if kv_cache_loc.numel() != nnz:
             raise ValueError(f"kv_cache_loc must have nnz = {nnz} entries, got "
                              f"{kv_cache_loc.numel()}")
-        _check_index_range(kv_cache_loc, "kv_cache_loc", min(k_buffer.size(0), v_buffer.size(0)),
-                           "rows of k_buffer and v_buffer")
-    _check_index_range(pos_ids, "pos_ids", cos_sin_cache.size(0), "rows of cos_sin_cache")
+    kv_rows = min(k_buffer.size(0), v_buffer.size(0)) if save_kv_cache else 0
+    if save_kv_cache and check_cache_loc_on_host and not _capturing():
+        check_cache_loc(kv_cache_loc, kv_rows)
+    if check_positions_on_host and not _capturing():
+        check_positions(pos_ids, cos_sin_cache.size(0))
     if num_qo_heads + num_kv_heads > MAX_GRID_Y:
         raise ValueError(f"{num_qo_heads + num_kv_heads} heads exceed the grid's y limit")
     extra = (("v", v), ("k_buffer", k_buffer), ("v_buffer", v_buffer),
@@ -204,11 +233,11 @@ def apply_rope_pos_ids_cos_sin_cache(q, k, q_rope, k_rope, cos_sin_cache, pos_id
     strides = lambda t: (t.stride(0), t.stride(1)) if t is not None else (0, 0)  # noqa: E731
     args = (_cupy.ptr(q), _cupy.ptr(k), _cupy.ptr(v), _cupy.ptr(q_rope), _cupy.ptr(k_rope),
             _cupy.ptr(k_buffer), _cupy.ptr(v_buffer), _cupy.ptr(cos_sin_cache),
-            _cupy.ptr(pos_ids), _cupy.i32(nnz), _cupy.i32(num_qo_heads),
-            _cupy.i32(num_kv_heads), _cupy.i32(rotary_dim),
+            _cupy.ptr(pos_ids), _cupy.i64(cos_sin_cache.size(0)), _cupy.i32(nnz),
+            _cupy.i32(num_qo_heads), _cupy.i32(num_kv_heads), _cupy.i32(rotary_dim),
             *(np.uint64(s) for t in (q, k, v, q_rope, k_rope, k_buffer, v_buffer)
               for s in strides(t)),
-            _cupy.ptr(kv_cache_loc))
+            _cupy.ptr(kv_cache_loc), _cupy.i64(kv_rows))
     if use_head_parallel(nnz, bdy, blocks_per_sm, num_sms(device)):
         _cupy.launch(MODULE, cache_kernel_name(True, save_kv_cache, interleave, head_dim, q.dtype),
                      device,
@@ -317,5 +346,5 @@ def rotary_embedding(cos: torch.Tensor, sin: torch.Tensor, query: torch.Tensor,
 
 
 __all__ = ["MODULE", "HEAD_DIMS", "vector_layout", "use_head_parallel", "cache_kernel_name",
-           "any_head_kernel_name",
+           "any_head_kernel_name", "check_positions", "check_cache_loc",
            "apply_rope_pos_ids_cos_sin_cache", "rotary_embedding"]

@@ -28,9 +28,20 @@
 //   (rotated) and v are stored at row kv_cache_loc[token] of k_buffer and v_buffer;
 // * the any-head-size kernel: scalar loads (__ldg for cos/sin), pairs strided over threadIdx.x,
 //   int32 token and head offsets, as the original.
-// Departure (kernel): the interleaved cache kernels load vec_size / 2 floats of cos and sin (the
-// half the rotation uses) instead of vec_size: for the last thread of a row the unused half lies
-// past the row, and past the cache on its last row (an out-of-bounds read in the original).
+// Departures (kernel):
+// * the interleaved cache kernels load vec_size / 2 floats of cos and sin (the half the rotation
+//   uses) instead of vec_size: for the last thread of a row the unused half lies past the row,
+//   and past the cache on its last row (an out-of-bounds read in the original);
+// * the cache kernels take the cache's row count (max_pos, after pos_ids) and give a token whose
+//   position lies outside [0, max_pos) NaN cos/sin (its rotated lanes come out NaN, the others
+//   are copied) instead of reading past the cache, as the FlashInfer port's cache kernels do;
+// * they take the rows both KV buffers have (kv_rows, after kv_cache_loc) and skip the store of a
+//   token whose kv_cache_loc lies outside [0, kv_rows) (its k_rope is still written) instead of
+//   writing past k_buffer and v_buffer.
+// Either is reached only where the host's range check was skipped (check_positions_on_host /
+// check_cache_loc_on_host False) or could not run (inside a CUDA-graph capture).
+// The any-head-size kernel indexes only by token (cos/sin rows gathered per token), so it has
+// no index to bound.
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -146,7 +157,17 @@ __device__ __forceinline__ fvec<vec_size> rope_cos_sin_interleave_reuse_half(
 template <bool interleave, uint32_t vec_size>
 __device__ __forceinline__ void load_cos_sin(fvec<vec_size> &cos, fvec<vec_size> &sin,
                                              const float *cos_sin_cache, int64_t pos,
-                                             uint32_t rotary_dim) {
+                                             uint32_t rotary_dim, int64_t max_pos) {
+  // Departure: a position outside the cache (reached only where the host check was skipped or
+  // could not run) gives NaN cos/sin instead of a read past the cache.
+  if (pos < 0 || pos >= max_pos) {
+#pragma unroll
+    for (uint32_t i = 0; i < vec_size; ++i) {
+      cos[i] = __int_as_float(0x7fc00000);
+      sin[i] = cos[i];
+    }
+    return;
+  }
   if (threadIdx.x * vec_size < rotary_dim) {
     const int half_rotary_dim = rotary_dim / 2;
     int vec_idx;
@@ -183,7 +204,8 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 }
 
 // One kv head of one token: rotate k into k_rope; with save_kv_cache also store k (rotated) and v
-// at row kv_cache_loc[idx] of the KV buffers (kv_buffer_saver::prepare / save).
+// at row kv_cache_loc[idx] of the KV buffers (kv_buffer_saver::prepare / save), skipped
+// (departure) for a row outside [0, kv_rows).
 template <bool save_kv_cache, bool interleave, uint32_t vec_size, uint32_t bdx, typename T>
 __device__ __forceinline__ void k_head(
     const T *k, const T *v, T *k_rope, T *k_buffer, T *v_buffer, const fvec<vec_size> &cos,
@@ -191,7 +213,7 @@ __device__ __forceinline__ void k_head(
     size_t_ k_stride_n, size_t_ k_stride_h, size_t_ v_stride_n, size_t_ v_stride_h,
     size_t_ k_rope_stride_n, size_t_ k_rope_stride_h, size_t_ k_buffer_stride_n,
     size_t_ k_buffer_stride_h, size_t_ v_buffer_stride_n, size_t_ v_buffer_stride_h,
-    const int64_t *kv_cache_loc) {
+    const int64_t *kv_cache_loc, int64_t kv_rows) {
   const T *k_ptr = k + elem_offset(idx, kv_head_idx, k_stride_n, k_stride_h);
   T *k_rope_ptr = k_rope + elem_offset(idx, kv_head_idx, k_rope_stride_n, k_rope_stride_h);
   fvec<vec_size> v_vec;
@@ -203,7 +225,7 @@ __device__ __forceinline__ void k_head(
   }
   fvec<vec_size> k_vec = rotate<interleave, vec_size, bdx>(k_ptr, cos, sin, rotary_dim);
   cast_store(k_vec, k_rope_ptr + threadIdx.x * vec_size);
-  if (save_kv_cache) {
+  if (save_kv_cache && kv_cache_offset >= 0 && kv_cache_offset < kv_rows) {
     cast_store(k_vec, k_buffer + elem_offset(kv_cache_offset, kv_head_idx, k_buffer_stride_n,
                                              k_buffer_stride_h) + threadIdx.x * vec_size);
     cast_store(v_vec, v_buffer + elem_offset(kv_cache_offset, kv_head_idx, v_buffer_stride_n,
@@ -214,17 +236,18 @@ __device__ __forceinline__ void k_head(
 #define SGL_ROPE_PARAMS                                                                         \
   T *q, T *k, T *v, T *q_rope, T *k_rope, T *k_buffer, T *v_buffer,                            \
       const float *__restrict__ cos_sin_cache, const int64_t *__restrict__ pos_ids,            \
-      uint32_t nnz, uint32_t num_qo_heads, uint32_t num_kv_heads, uint32_t rotary_dim,         \
+      int64_t max_pos, uint32_t nnz, uint32_t num_qo_heads, uint32_t num_kv_heads,             \
+      uint32_t rotary_dim,                                                                     \
       size_t_ q_stride_n, size_t_ q_stride_h, size_t_ k_stride_n, size_t_ k_stride_h,          \
       size_t_ v_stride_n, size_t_ v_stride_h, size_t_ q_rope_stride_n, size_t_ q_rope_stride_h, \
       size_t_ k_rope_stride_n, size_t_ k_rope_stride_h, size_t_ k_buffer_stride_n,            \
       size_t_ k_buffer_stride_h, size_t_ v_buffer_stride_n, size_t_ v_buffer_stride_h,        \
-      const int64_t *__restrict__ kv_cache_loc
+      const int64_t *__restrict__ kv_cache_loc, int64_t kv_rows
 
 #define SGL_K_HEAD_ARGS                                                                       \
   k, v, k_rope, k_buffer, v_buffer, cos, sin, idx, kv_head_idx, rotary_dim, k_stride_n,       \
       k_stride_h, v_stride_n, v_stride_h, k_rope_stride_n, k_rope_stride_h, k_buffer_stride_n, \
-      k_buffer_stride_h, v_buffer_stride_n, v_buffer_stride_h, kv_cache_loc
+      k_buffer_stride_h, v_buffer_stride_n, v_buffer_stride_h, kv_cache_loc, kv_rows
 
 // BatchQKApplyRotaryPosIdsCosSinCacheEnhancedKernel: a (bdx, bdy) block rotates bdy tokens, every
 // q head then every kv head in turn (loops not unrolled, as the original).
@@ -237,7 +260,7 @@ __global__ void sgl_rope_enhanced(SGL_ROPE_PARAMS) {
   if (bx * bdy + ty < nnz) {
     const uint32_t idx = bx * bdy + ty;
     const int64_t pos = pos_ids[idx];
-    load_cos_sin<interleave, vec_size>(cos, sin, cos_sin_cache, pos, rotary_dim);
+    load_cos_sin<interleave, vec_size>(cos, sin, cos_sin_cache, pos, rotary_dim, max_pos);
 #pragma unroll 1
     for (uint32_t qo_head_idx = 0; qo_head_idx < num_qo_heads; ++qo_head_idx) {
       const T *q_ptr = q + elem_offset(idx, qo_head_idx, q_stride_n, q_stride_h);
@@ -264,7 +287,7 @@ __global__ void sgl_rope_enhanced_head_parallel(SGL_ROPE_PARAMS) {
   if (bx * bdy + ty < nnz) {
     const uint32_t idx = bx * bdy + ty;
     const int64_t pos = pos_ids[idx];
-    load_cos_sin<interleave, vec_size>(cos, sin, cos_sin_cache, pos, rotary_dim);
+    load_cos_sin<interleave, vec_size>(cos, sin, cos_sin_cache, pos, rotary_dim, max_pos);
     if (by < num_qo_heads) {
       const uint32_t qo_head_idx = by;
       const T *q_ptr = q + elem_offset(idx, qo_head_idx, q_stride_n, q_stride_h);
