@@ -1057,9 +1057,34 @@ def test_experiment_variants_compile_for_sm90(variant):
 
 
 def test_rotate_spells_out_apply_ropes_keywords_in_order():
-    """run.rotate's keywords after check_positions are ARGUMENT_DEFAULTS, in its order and with
-    its defaults (rotate_planned passes them on by position)."""
+    """run.rotate's keywords after out are ARGUMENT_DEFAULTS, in its order and with its
+    defaults (rotate_planned passes them on by position)."""
     params = list(inspect.signature(run.rotate).parameters.values())
     names = [p.name for p in params]
-    tail = params[names.index("check_positions") + 1:]
+    tail = params[names.index("out") + 1:]
     assert [(p.name, p.default) for p in tail] == list(run.ARGUMENT_DEFAULTS.items())
+
+
+def test_given_outputs_must_be_as_rope_allocates_them():
+    """rope_out's outputs (run.rotate's ``out``) must be laid out as new_outputs makes them, which
+    the cached launches were planned for, and apart from the inputs and each other; anything
+    else is refused before a launch."""
+    q, k = torch.randn(2, 5, 4, 16), torch.randn(2, 5, 2, 16)
+    good = run.new_outputs([q, k])
+    assert run._outputs_like([q, k], tuple(good)) == good
+    wrong = {
+        "a list of 2": [good[0]],
+        "contiguous": [torch.empty(2, 5, 16, 4).transpose(2, 3), good[1]],
+        "shape, dtype and device": [good[0].double(), good[1]],
+    }
+    for message, out in wrong.items():
+        with pytest.raises(ValueError, match=message):
+            run._outputs_like([q, k], out)
+    spans = tuple(t.numel() * 4 for t in (q, k, *good))
+    run._check_apart(spans, [q, k, *good])
+    buf = torch.empty(q.numel() + k.numel())
+    q_out = buf[:q.numel()].view(q.shape)
+    k_out = buf[q.numel() - 4:q.numel() - 4 + k.numel()].view(k.shape)  # 16 bytes into q_out
+    for out in ([q, good[1]], [good[0], k], [q_out, k_out]):
+        with pytest.raises(ValueError, match="overlaps"):
+            run._check_apart(spans, [q, k, *out])

@@ -24,7 +24,8 @@ from reference.oracle import rope_oracle
 from reference.vocabulary import BSH_AXES
 from test_fastrope import fake  # CPU tensors that pass problem.validate's device check
 
-OPS = [torch.ops.fastrope.rope.default, torch.ops.fastrope.rope_.default]
+OPS = [torch.ops.fastrope.rope.default, torch.ops.fastrope.rope_.default,
+       torch.ops.fastrope.rope_out.default]
 
 
 # ---- the oracle behind run.rotate's signature ----------------------------------------------------
@@ -44,7 +45,7 @@ def _token_positions(x, layout, positions, offsets, cu_seqlens):
     return pos + (offsets.long()[:, None] if isinstance(offsets, torch.Tensor) else offsets or 0)
 
 
-def _oracle_rotate(q, k=None, *, in_place, inverse=False, cos=None, sin=None,
+def _oracle_rotate(q, k=None, *, in_place, inverse=False, out=None, cos=None, sin=None,
                    positions=None, offsets=None, cu_seqlens=None, max_seqlen=None,
                    style="rotate_half", layout="bshd", rotary_dim=None, base=10000.0,
                    inv_freq=None, check_positions=True):
@@ -54,6 +55,7 @@ def _oracle_rotate(q, k=None, *, in_place, inverse=False, cos=None, sin=None,
                      positions=positions, offsets=offsets, cu_seqlens=cu_seqlens,
                      max_seqlen=max_seqlen, style=style, layout=layout, rotary_dim=rotary_dim,
                      base=base, inv_freq=inv_freq)
+    given = out
     rot = rotary_dim or q.shape[-1]
     pos = _token_positions(q, layout, positions, offsets, cu_seqlens)
     if cos is None:
@@ -70,6 +72,8 @@ def _oracle_rotate(q, k=None, *, in_place, inverse=False, cos=None, sin=None,
         out = x.clone(memory_format=torch.contiguous_format)
         out[..., :rot] = y
         outs.append(x.copy_(out) if in_place else out)
+    if given is not None:
+        outs = [o.copy_(y) for o, y in zip(given, outs)]
     return outs[0] if k is None else tuple(outs)
 
 
@@ -84,13 +88,15 @@ def _rand(*shape):
 
 # ---- registration -----------------------------------------------------------------------------
 def test_ops_are_registered_with_their_schemas():
-    functional, in_place = (op._schema for op in OPS)
+    functional, in_place, into = (op._schema for op in OPS)
     assert str(functional).startswith("fastrope::rope(Tensor q, Tensor? k, Tensor? cos, Tensor? sin")
     assert str(functional).endswith("bool check_positions, bool inverse) -> Tensor[]")
     assert not functional.is_mutable
-    assert in_place.is_mutable and str(in_place).endswith("-> ()")
-    mutated = [a.name for a in in_place.arguments if a.alias_info and a.alias_info.is_write]
-    assert mutated == ["q", "k"]
+    for schema, written in ((in_place, ["q", "k"]), (into, ["q_out", "k_out"])):
+        assert schema.is_mutable and str(schema).endswith("-> ()")
+        mutated = [a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write]
+        assert mutated == written
+    assert [a.name for a in into.arguments][4:] == [a.name for a in functional.arguments][2:]
 
 
 @pytest.mark.parametrize("with_k", [False, True])
@@ -177,6 +183,10 @@ def test_opcheck_matrix(oracle_kernel, case):
     torch.library.opcheck(torch.ops.fastrope.rope.default, (q, k, *rest, False))
     torch.library.opcheck(torch.ops.fastrope.rope_.default,
                           (q.detach().clone(), None if k is None else k.clone(), *rest))
+    outs = run.new_outputs([q.detach()] if k is None else [q.detach(), k])
+    torch.library.opcheck(torch.ops.fastrope.rope_out.default,
+                          (q.detach(), k, outs[0], outs[1] if k is not None else None, *rest,
+                           False))
 
 
 # ---- the public functions through the ops -------------------------------------------------------
@@ -292,7 +302,10 @@ def test_compile_fullgraph_without_breaks(oracle_kernel, grad):
                 assert torch.equal(a, b)
     assert len(graphs) == 1
     ops = {str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"}
-    assert "fastrope.rope" in ops
+    # with a gradient: rope (its autograd), and rope + copy_ for the in-place call; without:
+    # new outputs and rope_out, and rope_
+    assert ("fastrope.rope" in ops) == grad
+    assert ("fastrope.rope_out.default" in ops) == (not grad)
     assert ("fastrope.rope_" in ops) == (not grad)
 
 

@@ -24,7 +24,7 @@ import threading
 import pytest
 import torch
 
-from ports.fastrope import api, apply_rope, apply_rope_inplace, hf, launcher
+from ports.fastrope import api, apply_rope, apply_rope_inplace, hf, launcher, run
 from ports.harness.timing import median_us
 from reference.eager import hf_apply_rotary_pos_emb
 from reference.tables import rope_tables
@@ -129,6 +129,10 @@ def test_opcheck_matrix(case):
     torch.library.opcheck(torch.ops.fastrope.rope.default, (q, k, *rest, False))
     torch.library.opcheck(torch.ops.fastrope.rope_.default,
                           (q.detach().clone(), None if k is None else k.clone(), *rest))
+    outs = run.new_outputs([q.detach()] if k is None else [q.detach(), k])
+    torch.library.opcheck(torch.ops.fastrope.rope_out.default,
+                          (q.detach(), k, outs[0], outs[1] if k is not None else None, *rest,
+                           False))
 
 
 @pytest.mark.parametrize("in_place", [False, True])

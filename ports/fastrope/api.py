@@ -54,7 +54,10 @@ def _rope(q, k, in_place, cos, sin, positions, offsets, cu_seqlens, max_seqlen, 
                          layout=layout, rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
                          check_positions=check_positions)
     if not in_place:
-        outs = torch.ops.fastrope.rope(q, k, *args, False)
+        if _records_grad(q, k):
+            outs = torch.ops.fastrope.rope(q, k, *args, False)
+        else:  # new outputs, then rope_out into them: the lighter call in a compiled graph
+            outs = ops.rotate_into(q, k, *args, False)
         return outs[0] if k is None else (outs[0], outs[1])
     if _records_grad(q, k):  # no autograd for a mutating custom op: rope, then copy_
         outs = torch.ops.fastrope.rope(q, k, *args, False)
@@ -103,7 +106,8 @@ def apply_rope(q, k=None, *, cos=None, sin=None, positions=None, offsets=None, c
         check the positions before capturing, or trust them.
 
     Autograd (from any thread), torch.compile (``fullgraph=True``) and CUDA-graph capture
-    work; traced, the call is the op ``torch.ops.fastrope.rope`` (ops.py).
+    work; traced, the call is the op ``torch.ops.fastrope.rope`` when a gradient is recorded,
+    else new outputs and ``torch.ops.fastrope.rope_out`` (ops.py).
     """
     return _rope(q, k, False, cos, sin, positions, offsets, cu_seqlens, max_seqlen, style,
                  layout, rotary_dim, base, inv_freq, check_positions)

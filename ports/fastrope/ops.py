@@ -6,6 +6,12 @@
 * ``torch.ops.fastrope.rope_``: the in-place rotation of q (and k), declared as mutating them.
   It has no autograd formula: ``apply_rope_inplace`` calls it only when no gradient is
   recorded, else ``rope`` and ``Tensor.copy_`` (see api.py).
+* ``torch.ops.fastrope.rope_out``: ``rope`` writing into given outputs ``q_out`` (and
+  ``k_out``), declared as mutating them: each contiguous, with its input's shape, dtype and
+  device, 16-byte aligned and apart from the inputs, as ``rope`` allocates them. Traced calls
+  use it (api.py, and ``rope``'s autograd): the graph allocates the outputs (inductor, in C++)
+  and calls an op that returns nothing, which costs a compiled graph less host time per call
+  than an op returning a list of new tensors.
 
 The arguments are ``apply_rope``'s with ``offsets`` split in two: ``offsets`` (a per-sequence
 int tensor, or None) and ``offset`` (one int for all; 0 with positions or an offsets tensor).
@@ -46,7 +52,10 @@ _LIB = torch.library.Library(NAMESPACE, "FRAGMENT")
 _TAGS = (torch.Tag.pt2_compliant_tag,)
 _LIB.define(f"rope(Tensor q, Tensor? k, {_ARGUMENTS}, bool inverse) -> Tensor[]", tags=_TAGS)
 _LIB.define(f"rope_(Tensor(a!) q, Tensor(b!)? k, {_ARGUMENTS}) -> ()", tags=_TAGS)
-_LIB.m.register_ad_inplace_or_view_fallback("rope_")
+_LIB.define(f"rope_out(Tensor q, Tensor? k, Tensor(a!) q_out, Tensor(b!)? k_out, "
+            f"{_ARGUMENTS}, bool inverse) -> ()", tags=_TAGS)
+for _name in ("rope_", "rope_out"):
+    _LIB.m.register_ad_inplace_or_view_fallback(_name)
 
 
 def _offsets(offsets: Tensor | None, offset: int):
@@ -78,12 +87,23 @@ def _rope_(q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, s
                offsets=_offsets(offsets, offset), cu_seqlens=cu_seqlens,
                max_seqlen=max_seqlen, style=style, layout=layout, rotary_dim=rotary_dim,
                base=base, inv_freq=inv_freq, check_positions=check_positions)
-    for x in _inputs(q, k):
-        torch.autograd.graph.increment_version(x)
+    torch.autograd.graph.increment_version(_inputs(q, k))
+
+
+def _rope_out(q, k, q_out, k_out, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen,
+              style, layout, rotary_dim, base, inv_freq, check_positions, inverse):
+    """q (and k) rotated by theta (``inverse``: -theta) into q_out (and k_out)."""
+    outs = _inputs(q_out, k_out)
+    run.rotate(q, k, in_place=False, inverse=inverse, out=outs, cos=cos, sin=sin,
+               positions=positions, offsets=_offsets(offsets, offset), cu_seqlens=cu_seqlens,
+               max_seqlen=max_seqlen, style=style, layout=layout, rotary_dim=rotary_dim,
+               base=base, inv_freq=inv_freq, check_positions=check_positions)
+    torch.autograd.graph.increment_version(outs)
 
 
 _LIB.impl("rope", _rope, "CompositeExplicitAutograd")
 _LIB.impl("rope_", _rope_, "CompositeExplicitAutograd")
+_LIB.impl("rope_out", _rope_out, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake(f"{NAMESPACE}::rope", lib=_LIB)
@@ -98,8 +118,27 @@ def _rope_inplace_fake(q, k, cos, sin, positions, offsets, offset, cu_seqlens, m
     return None
 
 
+@torch.library.register_fake(f"{NAMESPACE}::rope_out", lib=_LIB)
+def _rope_out_fake(q, k, q_out, k_out, cos, sin, positions, offsets, offset, cu_seqlens,
+                   max_seqlen, style, layout, rotary_dim, base, inv_freq, check_positions,
+                   inverse):
+    return None
+
+
 # ---- autograd of rope ---------------------------------------------------------------------------
 _ROPE = torch.ops.fastrope.rope.default
+_ROPE_OUT = torch.ops.fastrope.rope_out.default
+
+
+def rotate_into(q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, style, layout,
+                rotary_dim, base, inv_freq, check_positions, inverse) -> tuple:
+    """``rope`` as traced calls make it: new outputs (:func:`run.new_outputs`), then
+    ``rope_out`` into them; returns them, (q_out,) or (q_out, k_out)."""
+    outs = run.new_outputs(_inputs(q, k))
+    _ROPE_OUT(q, k, outs[0], outs[1] if k is not None else None, cos, sin, positions, offsets,
+              offset, cu_seqlens, max_seqlen, style, layout, rotary_dim, base, inv_freq,
+              check_positions, inverse)
+    return tuple(outs)
 
 
 def _plain(x: Tensor | None) -> bool:
@@ -120,18 +159,18 @@ class _Rotation(torch.autograd.Function):
         ctx.scalars = (offset, max_seqlen, style, layout, rotary_dim, base)
         ctx.inverse, ctx.has_k = inverse, k is not None
         with torch._C._AutoDispatchBelowAutograd():
-            outs = _ROPE(q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen,
-                         style, layout, rotary_dim, base, inv_freq, check_positions, inverse)
-        return tuple(outs)
+            return rotate_into(q, k, cos, sin, positions, offsets, offset, cu_seqlens,
+                               max_seqlen, style, layout, rotary_dim, base, inv_freq,
+                               check_positions, inverse)
 
     @staticmethod
     def backward(ctx, *grads):
         cos, sin, positions, offsets, cu_seqlens, inv_freq = ctx.saved_tensors
         offset, max_seqlen, style, layout, rotary_dim, base = ctx.scalars
         gs = run.dense_gradients(grads[:2] if ctx.has_k else grads[:1])
-        dq, *dk = _ROPE(gs[0], gs[1] if ctx.has_k else None, cos, sin, positions, offsets,
-                        offset, cu_seqlens, max_seqlen, style, layout, rotary_dim, base,
-                        inv_freq, False, not ctx.inverse)
+        dq, *dk = rotate_into(gs[0], gs[1] if ctx.has_k else None, cos, sin, positions,
+                              offsets, offset, cu_seqlens, max_seqlen, style, layout,
+                              rotary_dim, base, inv_freq, False, not ctx.inverse)
         return (dq, dk[0] if dk else None) + (None,) * 14
 
 

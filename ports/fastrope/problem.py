@@ -284,19 +284,29 @@ def _meta(t):
 
 
 def input_key(*, q, k, cos, sin, positions, offsets, cu_seqlens, max_seqlen, style, layout,
-              rotary_dim, base, inv_freq, extra) -> tuple | None:
+              rotary_dim, base, inv_freq, extra, out=None) -> tuple | None:
     """Everything :func:`validate` and the launch plan depend on, with ``extra`` (what else the
-    caller's cached launches depend on): a dict key for both. None: not cacheable (an argument
-    of an unexpected type, or a tensor subclass), validate every call."""
+    caller's cached launches depend on) and the given outputs ``out`` (a list, or None): a dict
+    key for both. None: not cacheable (an argument of an unexpected type, or a tensor subclass),
+    validate every call.
+
+    Every call computes it, so the common arguments (q, and cos/sin when given) are read inline:
+    this is most of a cached call's host time."""
+    if type(q) is not torch.Tensor:
+        return None
     try:
         align = q.data_ptr()
-        key = [_meta(q), style, layout, rotary_dim, extra, max_seqlen]
+        key = [q.dtype, q.shape, q.stride(), q.get_device(), style, layout, rotary_dim, extra,
+               max_seqlen]
         if k is not None:
             align |= k.data_ptr()
             key += (_meta(k), k.data_ptr() == q.data_ptr())
         if cos is not None:
+            if type(cos) is not torch.Tensor or type(sin) is not torch.Tensor:
+                return None
             align |= cos.data_ptr() | sin.data_ptr()
-            key += (_meta(cos), _meta(sin))
+            key += (cos.dtype, cos.shape, cos.stride(), cos.get_device(), sin.dtype, sin.shape,
+                    sin.stride(), sin.get_device())
         elif inv_freq is None:
             key.append(base)
         else:
@@ -307,6 +317,10 @@ def input_key(*, q, k, cos, sin, positions, offsets, cu_seqlens, max_seqlen, sty
             key.append("int" if isinstance(offsets, int) else _meta(offsets))
         if cu_seqlens is not None:
             key.append(_meta(cu_seqlens))
+        if out is not None:
+            for o in out:
+                align |= o.data_ptr()
+                key.append(_meta(o))
         key.append(align & 15)
         return tuple(key)
     except (TypeError, AttributeError):

@@ -37,11 +37,34 @@ DESIGN = Planner(plan.choose)
 
 @dataclass(eq=False)  # compared and hashed by identity: one per input key
 class _Entry:
-    """A validated problem and its launches (planned by the first call, which has the real
-    outputs)."""
+    """A validated problem, what its calls need on the host, and its launches (planned by the
+    first call, which has the real outputs).
+
+    ``checks``: whether ``check_positions`` has anything to check (ids, offsets or cu_seqlens
+    to read; an int offset or a sequence against the table's rows), so a call of a geometry that
+    fits its table skips the check. ``direct``: whether the call's tensors are the kernel's as
+    given (tables that need no copy; computed angles read an fp64 inv_freq, the default or
+    the call's converted)."""
 
     problem: Problem
+    checks: bool
+    direct: bool
+    spans: tuple[int, ...]  # given outputs: the bytes each input and output reaches
     launches: list | None = None
+
+
+def _span(x) -> int:
+    """The bytes from x's data pointer to the end of its last element."""
+    return x.element_size() * (1 + sum((n - 1) * s for n, s in zip(x.shape, x.stride()))) \
+        if x.numel() else 0
+
+
+def _entry(p: Problem, xs, out, *, offsets) -> _Entry:
+    checks = p.check_syncs or not p.computed and (offsets is not None
+                                                   or p.seqlen > p.table_rows)
+    direct = not p.computed and not p.tables_need_copy
+    spans = () if out is None else tuple(_span(t) for t in (*xs, *_outputs_like(xs, out)))
+    return _Entry(p, checks, direct, spans)
 
 
 _CACHE_LIMIT = 1024
@@ -79,41 +102,32 @@ def _launches(planner: Planner, p: Problem, xs, outs, *, in_place: bool, backwar
     return result
 
 
-class _Call:
-    """The per-call tensors and scalars of a validated problem (what the launch points at)."""
-
-    __slots__ = ("cos", "cu_seqlens", "inv_freq", "offset", "position_tensor", "sin")
-
-    def __init__(self, p: Problem, q, *, cos, sin, positions, offsets, cu_seqlens, inv_freq):
-        if p.tables_need_copy:
-            cos, sin = cos.contiguous(), sin.contiguous()
-        self.cos, self.sin = cos, sin
-        self.inv_freq = None
-        if p.computed:
-            self.inv_freq = p.default_inv_freq if inv_freq is None else \
-                inv_freq.to(device=q.device, dtype=torch.float64).contiguous()
-        self.position_tensor = positions if positions is not None else (  # ids or offsets
-            offsets if isinstance(offsets, torch.Tensor) else None)
-        self.cu_seqlens = cu_seqlens
-        self.offset = offsets if isinstance(offsets, int) else 0
-
-
 def _ptr(t) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-def _execute(launches, c: _Call, xs, outs) -> None:
-    cos, sin, inv = _ptr(c.cos), _ptr(c.sin), _ptr(c.inv_freq)
-    pos, cu = _ptr(c.position_tensor), _ptr(c.cu_seqlens)
+def _call_tensors(p: Problem, q, cos, sin, inv_freq):
+    """The tables (contiguous copies where their strides differ) and the fp64 frequencies a
+    call's kernel reads: (cos, sin, inv_freq), None where it reads none."""
+    if p.computed:
+        return None, None, (p.default_inv_freq if inv_freq is None else
+                            inv_freq.to(device=q.device, dtype=torch.float64).contiguous())
+    if p.tables_need_copy:
+        return cos.contiguous(), sin.contiguous(), None
+    return cos, sin, None
+
+
+def _execute(launches, xs, outs, cos: int, sin: int, inv_freq: int, position_tensor: int,
+             cu_seqlens: int, offset: int) -> None:
     for lc, group in launches:
         a = group[0]
         b = group[1] if len(group) > 1 else None
         launcher.launch(lc, xs[a].data_ptr(), 0 if b is None else xs[b].data_ptr(),
                         outs[a].data_ptr(), 0 if b is None else outs[b].data_ptr(),
-                        cos, sin, inv, pos, cu, c.offset)
+                        cos, sin, inv_freq, position_tensor, cu_seqlens, offset)
 
 
-def _new_outputs(xs):
+def new_outputs(xs):
     """Contiguous outputs like xs (NaN under ``ports._alloc.poisoned()``, to prove every element
     is written)."""
     outs = [torch.empty_like(x, memory_format=torch.contiguous_format) for x in xs]
@@ -123,27 +137,59 @@ def _new_outputs(xs):
     return outs
 
 
+def _outputs_like(xs, out) -> list:
+    """``out`` checked to be outputs as :func:`new_outputs` makes them: one per input, each
+    contiguous with its input's shape, dtype and device (the checks that depend on geometry,
+    made once per input key)."""
+    if not isinstance(out, (list, tuple)) or len(out) != len(xs):
+        raise ValueError(f"out must be a list of {len(xs)} tensor(s), one per input")
+    for x, o in zip(xs, out):
+        if not (isinstance(o, torch.Tensor) and o.dtype == x.dtype and o.shape == x.shape
+                and o.device == x.device and o.is_contiguous()):
+            raise ValueError("each out tensor must be contiguous, with its input's shape, dtype "
+                             f"and device ({tuple(x.shape)}, {x.dtype}, {x.device}), as "
+                             "apply_rope allocates it")
+    return list(out)
+
+
+def _check_apart(spans, tensors) -> None:
+    """Refuse outputs that overlap an input or each other (``tensors``: the inputs, then the
+    outputs; ``spans``: their byte extents), which the kernel would read after writing."""
+    starts = [t.data_ptr() for t in tensors]
+    n_in = len(tensors) // 2
+    for i in range(n_in, len(tensors)):
+        a, na = starts[i], spans[i]
+        for j in range(i):
+            b, nb = starts[j], spans[j]
+            if na and nb and a < b + nb and b < a + na:
+                raise ValueError("out overlaps an input or another output; rope writes into "
+                                 "memory of its own (apply_rope_inplace rotates in place)")
+
+
 def _capturing(q) -> bool:
     """Whether q's device's current stream is capturing a CUDA graph."""
     return q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
-def rotate(q, k=None, *, in_place: bool, inverse: bool = False, check_positions=True,
+def rotate(q, k=None, *, in_place: bool, inverse: bool = False, check_positions=True, out=None,
            cos=None, sin=None, positions=None, offsets=None, cu_seqlens=None, max_seqlen=None,
            style="rotate_half", layout="bshd", rotary_dim=None, base=10000.0, inv_freq=None):
     """Rotate q (and k) by theta (``inverse``: by -theta, the backward), without autograd.
 
-    The keywords after ``check_positions`` are ``apply_rope``'s (:data:`ARGUMENT_DEFAULTS`);
-    ``in_place`` writes into q and k, else into new contiguous outputs. Returns q's output, or
-    (q's, k's). The position check (``check_positions``) is skipped while the current stream is
-    capturing a CUDA graph: it reads device memory on the host.
+    The keywords after ``out`` are ``apply_rope``'s (:data:`ARGUMENT_DEFAULTS`); ``in_place``
+    writes into q and k, else into new contiguous outputs, or into ``out`` ([q_out] or
+    [q_out, k_out], as :func:`new_outputs` makes them: checked by :func:`_outputs_like`
+    and :func:`_check_apart`).
+    Returns q's output, or (q's, k's). The position check (``check_positions``) is skipped while
+    the current stream is capturing a CUDA graph: it reads device memory on the host.
 
     This is the per-call path of every eager call and every compiled graph's call, so its
     parameters are spelled out (no ``**kwargs`` to merge) and it goes straight to
     :func:`_rotate`.
     """
     return _rotate(DESIGN, q, k, in_place, inverse, check_positions, cos, sin, positions,
-                   offsets, cu_seqlens, max_seqlen, style, layout, rotary_dim, base, inv_freq)
+                   offsets, cu_seqlens, max_seqlen, style, layout, rotary_dim, base, inv_freq,
+                   out)
 
 
 def rotate_planned(planner: Planner, q, k=None, *, in_place: bool, inverse: bool = False,
@@ -158,34 +204,46 @@ def rotate_planned(planner: Planner, q, k=None, *, in_place: bool, inverse: bool
 
 
 def _rotate(planner: Planner, q, k, in_place, inverse, check_positions, cos, sin, positions,
-            offsets, cu_seqlens, max_seqlen, style, layout, rotary_dim, base, inv_freq):
+            offsets, cu_seqlens, max_seqlen, style, layout, rotary_dim, base, inv_freq,
+            out=None):
     if inverse and k is not None and k.numel() and k.data_ptr() == q.data_ptr():
         k = k.clone()  # one gradient for both outputs; q and k must be distinct memory
+    if in_place:
+        out = None
     key = problem.input_key(q=q, k=k, cos=cos, sin=sin, positions=positions, offsets=offsets,
                             cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style,
                             layout=layout, rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
-                            extra=(in_place, inverse))
-    entries = planner.entries
-    entry = entries.get(key) if key is not None else None
+                            extra=(in_place, inverse), out=out)
+    xs = [q] if k is None else [q, k]
+    entry = planner.entries.get(key) if key is not None else None
     if entry is None:
-        entry = _remember(entries, key, _Entry(problem.validate(
+        entry = _remember(planner.entries, key, _entry(problem.validate(
             q=q, k=k, cos=cos, sin=sin, positions=positions, offsets=offsets,
             cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style, layout=layout,
-            rotary_dim=rotary_dim, base=base, inv_freq=inv_freq)))
+            rotary_dim=rotary_dim, base=base, inv_freq=inv_freq), xs, out, offsets=offsets))
     p = entry.problem
-    if check_positions and not (p.check_syncs and _capturing(q)):
+    if check_positions and entry.checks and not (p.check_syncs and _capturing(q)):
         problem.check_contents(p, cos=cos, positions=positions, offsets=offsets,
                                cu_seqlens=cu_seqlens)
-    call = _Call(p, q, cos=cos, sin=sin, positions=positions, offsets=offsets,
-                 cu_seqlens=cu_seqlens, inv_freq=inv_freq)
-    xs = [q] if k is None else [q, k]
-    outs = xs if in_place else _new_outputs(xs)
+    if not entry.direct:
+        cos, sin, inv_freq = _call_tensors(p, q, cos, sin, inv_freq)
+    if in_place:
+        outs = xs
+    elif out is None:
+        outs = new_outputs(xs)
+    else:
+        outs = list(out)
+        _check_apart(entry.spans, xs + outs)
     launches = entry.launches
     if launches is None:  # first call of this geometry: plan with the real outputs
-        launches = entry.launches = _launches(
-            planner, p, xs, outs, in_place=in_place, backward=inverse,
-            cos=None if p.computed else call.cos, sin=None if p.computed else call.sin)
-    _execute(launches, call, xs, outs)
+        launches = entry.launches = _launches(planner, p, xs, outs, in_place=in_place,
+                                              backward=inverse, cos=cos, sin=sin)
+    offset = 0
+    if isinstance(offsets, int):  # one offset for all, with or without ids
+        offset, offsets = offsets, None
+    _execute(launches, xs, outs, _ptr(cos), _ptr(sin), _ptr(inv_freq),
+             _ptr(positions if positions is not None else offsets),  # ids, or offsets
+             _ptr(cu_seqlens), offset)
     return outs[0] if k is None else tuple(outs)
 
 
