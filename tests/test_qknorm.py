@@ -275,9 +275,11 @@ def test_backward_zero_stride_gradient():
 
 
 def test_backward_several_tokens_per_program_is_deterministic(monkeypatch):
-    """The long-run path (8 tokens a program, the last group partly past the end): correct, and
-    the weight gradients bitwise equal from run to run."""
+    """The long-run path (8 tokens a program, the last group partly past the end), the heads in
+    blocks of 2 (3 q heads: a partial block): correct, and the weight gradients bitwise equal
+    from run to run."""
     monkeypatch.setattr(qknr, "LONG_RUN_MIN_TOKENS", 1)
+    monkeypatch.setattr(qknr, "HEAD_BWD_BLOCK_ELEMENTS", {2: 16, 4: 16})
     c = Case(b=3, s=7, hq=3, hk=1, d=8, asymmetric=True)  # 21 tokens: 3 groups, the last of 5
     first = check_backward(c)
     second = check_backward(c)
@@ -538,18 +540,18 @@ def signature(fn, dtype, consts):
 
 for fn, extra, elements in (
         (K.qk_norm_rope_fwd_kernel, {}, Q.MAX_BLOCK_ELEMENTS),
-        (K.qk_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS},
-         Q.MAX_BLOCK_ELEMENTS_BWD),
+        (K.qk_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS}, None),
         (K.qk_token_norm_rope_fwd_kernel, {}, Q.MAX_BLOCK_ELEMENTS),
         (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS},
          Q.MAX_BLOCK_ELEMENTS_BWD)):
     for dtype, table, interleaved, tail in (("bf16", K.TABLE_HALF, False, False),
                                             ("fp16", K.TABLE_COMPUTED, True, True),
                                             ("fp32", K.TABLE_FULL, False, True)):
+        block = elements or Q.HEAD_BWD_BLOCK_ELEMENTS[4 if dtype == "fp32" else 2]
         consts = dict(D=96 if tail else 128, HALF=24 if tail else 64,
                       PAIR_BLOCK=32 if tail else 64, TAIL_BLOCK=64 if tail else 1,
-                      BLOCK_HQ=Q._block_heads(32, 96 if tail else 128, elements),
-                      BLOCK_HK=Q._block_heads(8, 96 if tail else 128, elements),
+                      BLOCK_HQ=Q._block_heads(32, 96 if tail else 128, block),
+                      BLOCK_HK=Q._block_heads(8, 96 if tail else 128, block),
                       INTERLEAVED=interleaved, TABLE=table,
                       HAS_POS=tail, GEMMA=tail, HAS_TAIL=tail, **extra)
         k = triton.compile(ASTSource(fn, signature(fn, dtype, consts), consts),

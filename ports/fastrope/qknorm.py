@@ -98,8 +98,14 @@ NAMESPACE = "fastrope"
 MAX_HEAD_DIM = 1024        # one head row held in registers
 MAX_BLOCK_ELEMENTS = 2048  # forward: heads per program * head_dim (16 elements a thread at 4 warps)
 # The backward holds x, dy, the weight and the partial sums: a quarter of the forward's block
-# (at 1024 an fp32 head of 96 channels, padded to 128, spilled registers on sm_90).
+# (at 1024 an fp32 head of 96 channels, padded to 128, spilled registers on sm_90). This is the
+# token-norm backward's; the per-head backward's is HEAD_BWD_BLOCK_ELEMENTS.
 MAX_BLOCK_ELEMENTS_BWD = 512
+# The per-head backward's block by element size. 16-bit: 1024 (8 heads of 128), measured on the
+# H100 at Qwen3-8B's 32/8 heads, bf16: 4096 tokens 94.0 -> 86.9 us, 4 x 4096 272.9 -> 231.2 us
+# against 512 (results/README.md, 2026-11-27); fp32 holds twice the registers per element: 256,
+# the most that compiles for sm_90 without a spill.
+HEAD_BWD_BLOCK_ELEMENTS = {2: 1024, 4: 256}
 LONG_RUN_TOKENS = 16        # backward tokens per program once there are enough programs anyway,
 LONG_RUN_MIN_TOKENS = 1024  # that is from this many tokens (64 groups of 16)
 # Warps per program. These four settings are first guesses, not yet measured on a GPU:
@@ -348,8 +354,10 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
                              f"input {tuple(x.shape)} {dtype_name(x.dtype)}")
     dq = _alloc.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = _alloc.empty(k.shape, dtype=k.dtype, device=k.device)
-    bq = _block_heads(g.q_heads, g.head_dim, MAX_BLOCK_ELEMENTS_BWD)
-    bk = _block_heads(g.k_heads, g.head_dim, MAX_BLOCK_ELEMENTS_BWD)
+    elements = (MAX_BLOCK_ELEMENTS_BWD if g.norm == "token"
+                else HEAD_BWD_BLOCK_ELEMENTS[q.element_size()])
+    bq = _block_heads(g.q_heads, g.head_dim, elements)
+    bk = _block_heads(g.k_heads, g.head_dim, elements)
     qb, kb = triton.cdiv(g.q_heads, bq), triton.cdiv(g.k_heads, bk)
     # Several tokens per program once the grid has plenty of programs without them: fewer
     # partial rows (the deterministic reduction's cost), same parallelism.

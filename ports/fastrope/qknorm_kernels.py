@@ -20,8 +20,8 @@ a write). With ``x_hat = x * rstd`` and ``W = w`` (or ``1 + w``):
 
 * ``dz = R(-theta) dy``, the rotation's transpose: ``dz1 = dy1 c1 + dy2 s2``,
   ``dz2 = dy2 c2 - dy1 s1`` (exact for tables whose two members differ); tail ``dz = dy``;
-* ``dweight += dz * x_hat``, summed over the program's heads and tokens in registers and written
-  as one fp32 row of a ``[programs, D]`` buffer, which the host sums over its first axis: a fixed
+* ``dweight += dz * x_hat``, summed per lane over the program's tokens, then over its heads, in
+  registers, and written as one fp32 row of a ``[programs, D]`` buffer, which the host sums over its first axis: a fixed
   order, so the weight gradients are deterministic, run to run;
 * ``dx_hat = dz * W``; ``dx = rstd * (dx_hat - x_hat * mean(dx_hat * x_hat))``.
 
@@ -205,9 +205,11 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, T, S,
     w1, w2, wt = _weights(w_ptr, sw, D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, GEMMA)
     j, o1, o2 = _members(HALF, PAIR_BLOCK, INTERLEAVED)
     pm = j < HALF
-    acc1 = tl.zeros([1, PAIR_BLOCK], dtype=tl.float32)
-    acc2 = tl.zeros([1, PAIR_BLOCK], dtype=tl.float32)
-    acct = tl.zeros([1, TAIL_BLOCK], dtype=tl.float32)
+    # dz * x_hat summed per lane over the tokens, over the heads once at the end (a reduction
+    # across warps in every token's step would stall the loop on a barrier)
+    acc1 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
+    acc2 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
+    acct = tl.zeros([BLOCK_H, TAIL_BLOCK], dtype=tl.float32)
     for i in range(TOKENS_PER_PROGRAM):
         tok = tok0 + i
         valid = tok < T
@@ -226,9 +228,9 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, T, S,
         xht = tl.where(hm, xt * rstd, 0.0)
         dz1 = g1 * c1 + g2 * s2
         dz2 = g2 * c2 - g1 * s1
-        acc1 += tl.sum(dz1 * xh1, axis=0)[None, :]
-        acc2 += tl.sum(dz2 * xh2, axis=0)[None, :]
-        acct += tl.sum(gt * xht, axis=0)[None, :]
+        acc1 += dz1 * xh1
+        acc2 += dz2 * xh2
+        acct += gt * xht
         dxh1 = dz1 * w1
         dxh2 = dz2 * w2
         dxht = gt * wt
@@ -239,11 +241,11 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, T, S,
                     rstd * (dxht - xht * dot), D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED,
                     HAS_TAIL)
     prow = part_ptr + part_row * D
-    tl.store(prow + o1, acc1, mask=pm)
-    tl.store(prow + o2, acc2, mask=pm)
+    tl.store(prow + o1, tl.sum(acc1, axis=0)[None, :], mask=pm)
+    tl.store(prow + o2, tl.sum(acc2, axis=0)[None, :], mask=pm)
     if HAS_TAIL:
         t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
-        tl.store(prow + t, acct, mask=t < D)
+        tl.store(prow + t, tl.sum(acct, axis=0)[None, :], mask=t < D)
 
 
 @triton.jit

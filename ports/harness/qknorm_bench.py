@@ -300,6 +300,9 @@ def measure(shape: Shape, dtype: torch.dtype, rep_ms: int, *, check: bool = Fals
 
     item = torch.empty((), dtype=dtype).element_size()
     qk_bytes = shape.b * shape.s * (shape.hq + shape.hk) * shape.d * item
+    # A fresh compile cache per shape: the compiled rows' recompiles (shapes, grad or not) count
+    # against one code object's limit, which three shapes' forward and backward exceed.
+    torch._dynamo.reset()
     rows = []
     for direction, moved in (("forward", 2 * qk_bytes), ("backward", 3 * qk_bytes)):
         copy = copy_us(moved // 2, graph=True)
