@@ -155,6 +155,7 @@ def fake_device(monkeypatch_setattr, *, plan, kernel, launcher) -> list:
     launches = []
     monkeypatch_setattr(plan, "sm_count", lambda index: SM_COUNT)
     monkeypatch_setattr(plan, "l2_bytes", lambda index: L2_BYTES)
+    monkeypatch_setattr(plan, "device_rules", lambda index: plan.RULES)
     monkeypatch_setattr(kernel, "function_ptr", lambda device, name: 1)
     monkeypatch_setattr(launcher, "_driver", lambda: types.SimpleNamespace(
         launchKernel=None, ctxGetCurrent=None, ctxSetCurrent=None))

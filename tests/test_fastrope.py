@@ -354,6 +354,7 @@ def recorded_launches(monkeypatch):
     monkeypatch.setattr(plan, "choose_from", CHOOSE)
     monkeypatch.setattr(plan, "sm_count", lambda index: 132)
     monkeypatch.setattr(plan, "l2_bytes", lambda index: H100_L2_BYTES)
+    monkeypatch.setattr(plan, "device_rules", lambda index: plan.RULES)
     monkeypatch.setattr(launcher, "prepare", PREPARE)
     monkeypatch.setattr(kernel, "function_ptr", lambda device, name: 1)
     monkeypatch.setattr(launcher, "_driver", lambda: types.SimpleNamespace(

@@ -86,17 +86,18 @@ def step_heads(n: int) -> Ablation:
     return _always_set(f"step_heads_{n}", f"{n} heads per step-kernel thread", step_heads=n)
 
 
-def rules(ablation: Ablation) -> tuple[Rule, ...]:
-    """The plan table an ablation runs with."""
-    return ablation.rules + plan.RULES
+def rules(ablation: Ablation, device_index: int | None = None) -> tuple[Rule, ...]:
+    """The plan table an ablation runs with: its rows before plan.RULES, or before the rules of
+    CUDA device ``device_index`` (its tuning table's choices, plan.device_rules)."""
+    base = plan.RULES if device_index is None else plan.device_rules(device_index)
+    return ablation.rules + base
 
 
 @functools.cache
 def planner(ablation: Ablation) -> run.Planner:
     """The run.Planner of an ablation (one launch cache each)."""
-    table = rules(ablation)
-
     def choose(p, operands, **call):
+        table = rules(ablation, operands[0].src.get_device())
         return plan.choose_from(table, p, operands, **call)
 
     return run.Planner(choose, ablation.separate_launches)

@@ -13,6 +13,8 @@ the package's private names:
   ``in_place=True``) run with a variant's kernels, planned by the design or a named ablation
   (ablation.ABLATIONS), optionally with the main kernel's heads per step (``unroll``) or head
   splits fixed; the plan's own arithmetic gives the rest of the shape.
+  The rules are the device's (its tuning table's choices) unless ``choices`` names the
+  alternatives (plan.ALTERNATIVES) of rows; ``python -m ports.harness.tune`` times them so.
 * :func:`plans`: the plans such a call launches.
 
 Example: the minimal kernel of a decode step::
@@ -81,7 +83,7 @@ def _fixed(unroll: int | None, head_splits: int | None) -> tuple[Rule, ...]:
 
 @functools.cache
 def _planner(variant: Variant, ablation: str | None, unroll: int | None,
-             head_splits: int | None) -> tuple[run.Planner, list[Plan]]:
+             head_splits: int | None, choices: tuple | None) -> tuple[run.Planner, list[Plan]]:
     """The planner of one setup, and the plans it has made."""
     rows = _fixed(unroll, head_splits)
     if ablation is not None:
@@ -92,11 +94,12 @@ def _planner(variant: Variant, ablation: str | None, unroll: int | None,
         separate = ablations.ABLATIONS[ablation].separate_launches
     else:
         separate = False
-    table = rows + plan.RULES
+    given = None if choices is None else plan.with_choices(dict(choices))
     recorded: list[Plan] = []
 
     def choose(p, operands, **call):
-        chosen = plan.choose_from(table, p, operands, **call)
+        base = plan.device_rules(operands[0].src.get_device()) if given is None else given
+        chosen = plan.choose_from(rows + base, p, operands, **call)
         recorded.append(chosen)
         return chosen
 
@@ -104,14 +107,27 @@ def _planner(variant: Variant, ablation: str | None, unroll: int | None,
     return run.Planner(choose, separate, compile_), recorded
 
 
+def _choices(choices) -> tuple | None:
+    if choices is None:
+        return None
+    if not isinstance(choices, dict):
+        raise TypeError(f"choices must be a dict of plan.RULES row -> alternative "
+                        f"(plan.ALTERNATIVES), got {type(choices).__name__}")
+    plan.with_choices(choices)  # refuses unknown rows and alternatives
+    return tuple(sorted(choices.items()))
+
+
 def apply_rope(q, k=None, *, variant: Variant = DESIGN, ablation: str | None = None,
                unroll: int | None = None, head_splits: int | None = None,
-               in_place: bool = False, **kwargs):
+               choices: dict[str, str] | None = None, in_place: bool = False, **kwargs):
     """``ports.fastrope.apply_rope`` (``in_place``: ``apply_rope_inplace``) with the kernels
     built as ``variant``, planned by the design or ``ablation``, with ``unroll`` heads per step
     and ``head_splits`` head splits of the main kernel where given (either takes the main
-    kernel). ``kwargs``: ``apply_rope``'s. Autograd records the backward with the same setup."""
-    planner, _ = _planner(variant, ablation, unroll, head_splits)
+    kernel). The design's rules are the device's (its tuning table's choices) unless
+    ``choices`` (row -> alternative, plan.ALTERNATIVES) names others: ``{}`` is plan.RULES as
+    they are. ``kwargs``: ``apply_rope``'s. Autograd records the backward with the same
+    setup."""
+    planner, _ = _planner(variant, ablation, unroll, head_splits, _choices(choices))
     fn = functools.partial(run.rotate_planned, planner)
     return run.with_autograd(fn)(q, k, in_place=in_place, **kwargs)
 
@@ -119,7 +135,8 @@ def apply_rope(q, k=None, *, variant: Variant = DESIGN, ablation: str | None = N
 def plans(q, k=None, **kwargs) -> list[Plan]:
     """The plans :func:`apply_rope` with these arguments launches (it runs the call once)."""
     planner, recorded = _planner(kwargs.get("variant", DESIGN), kwargs.get("ablation"),
-                                 kwargs.get("unroll"), kwargs.get("head_splits"))
+                                 kwargs.get("unroll"), kwargs.get("head_splits"),
+                                 _choices(kwargs.get("choices")))
     planner.entries.clear()
     recorded.clear()
     apply_rope(q, k, **kwargs)

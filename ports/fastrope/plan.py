@@ -37,14 +37,15 @@ from types import SimpleNamespace
 
 import torch
 
-from ports.fastrope import kernel
+from ports.fastrope import kernel, tuning
 from ports.fastrope.limits import (MAX_GRID_Y, MAX_TOKENS_PER_BLOCK, SMEM_LIMIT,
                                    THREADS_PER_BLOCK)
 from ports.fastrope.problem import Problem
 from reference.vocabulary import INT32_MAX
 
-__all__ = ["MAX_GRID_Y", "MAX_TOKENS_PER_BLOCK", "RULES", "SMEM_LIMIT", "THREADS_PER_BLOCK",
-           "Operand", "Plan", "Rule", "always", "choose", "choose_from", "unroll_from_work"]
+__all__ = ["ALTERNATIVES", "MAX_GRID_Y", "MAX_TOKENS_PER_BLOCK", "RULES", "SMEM_LIMIT",
+           "THREADS_PER_BLOCK", "Operand", "Plan", "Rule", "always", "choose", "choose_from",
+           "device_rules", "unroll_from_work", "with_choices"]
 
 
 @dataclass(frozen=True)
@@ -246,12 +247,64 @@ RULES: tuple[Rule, ...] = (
          lambda f: (_past_l2_from_tables(f) and f.elem == 4 and f.in_place and not f.interleaved
                     and 2 * head_lanes(f.htot, 2, f.chunks) >= f.htot),
          dict(unroll=2)),
+    Rule("fp32 out of place past the L2: heads per step from the work", "Per-device tuning",
+         lambda f: _past_l2_from_tables(f) and f.elem == 4 and not f.in_place,
+         dict(unroll=unroll_from_work)),
     Rule("the default", "The launch plan", always, dict(
         pair_per_thread=False, streaming=False, table_per_head=False, flat_index=False,
         fp32_angles=False, memory_order=False, index_bits=64, vector_cap=None,
         step_kernel=False, step_heads=1, fixed_switches=True, vector=None,
         unroll=unroll_from_work, head_splits=True)),
 )
+
+
+# What a device's tuning table may choose for a row instead of the row's own settings: row name
+# -> alternative name -> the settings it gives where the row holds. ``python -m
+# ports.harness.tune`` times each against the row's own on the GPU it runs on and writes the
+# choices that win to tuning.TUNED_DIR; a GPU of a family without a table runs RULES as they
+# are (DESIGN.md, "Per-device tuning").
+ALTERNATIVES: dict[str, dict[str, dict]] = {
+    "streaming past the L2": {"plain accesses": dict(streaming=False)},
+    "several heads per step thread in place": {
+        f"{n} heads": dict(step_heads=n) for n in (1, 2, 4)},
+    "16-bit past the L2: 8-byte accesses, 2 or 4 heads": {
+        "16-byte accesses, 4 heads": dict(vector=None, unroll=4),
+        "16-byte accesses, 2 heads": dict(vector=None, unroll=2),
+        "8-byte accesses, 4 heads": dict(vector=4, unroll=4),
+        "8-byte accesses, 2 heads": dict(vector=4, unroll=2)},
+    "fp32 in place past the L2: 2 heads per step": {
+        "1 head": dict(unroll=1), "4 heads": dict(unroll=4)},
+    "fp32 out of place past the L2: heads per step from the work": {
+        "1 head": dict(unroll=1), "2 heads": dict(unroll=2)},
+}
+
+
+def with_choices(choices: dict[str, str]) -> tuple[Rule, ...]:
+    """RULES with each row named in ``choices`` giving its chosen alternative's settings
+    (:data:`ALTERNATIVES`) instead of its own; the same tuple for the same choices."""
+    for row, alternative in choices.items():
+        if row not in ALTERNATIVES:
+            raise ValueError(f"no row {row!r} of plan.RULES has alternatives; rows that have: "
+                             f"{', '.join(map(repr, ALTERNATIVES))}")
+        if alternative not in ALTERNATIVES[row]:
+            raise ValueError(f"row {row!r} has no alternative {alternative!r}; choose from "
+                             f"{', '.join(map(repr, ALTERNATIVES[row]))}")
+    return _with_choices(tuple(sorted(choices.items())))
+
+
+@functools.cache
+def _with_choices(choices: tuple[tuple[str, str], ...]) -> tuple[Rule, ...]:
+    chosen = dict(choices)
+    return tuple(
+        Rule(f"{rule.name}: {chosen[rule.name]}", rule.section, rule.when,
+             ALTERNATIVES[rule.name][chosen[rule.name]]) if rule.name in chosen else rule
+        for rule in RULES)
+
+
+@functools.cache
+def device_rules(device_index: int) -> tuple[Rule, ...]:
+    """The rules a GPU runs: RULES with its family's tuning table's choices (tuning.py)."""
+    return with_choices(tuning.choices(device_index))
 
 
 def _setting(rules, name: str, f):
@@ -272,10 +325,11 @@ def _step_eligible(p: Problem) -> bool:
 
 def choose(p: Problem, operands: list[Operand], *, in_place: bool, backward: bool, cos=None,
            sin=None) -> Plan:
-    """The design's plan (:data:`RULES`) for problem ``p`` on ``operands``; ``cos``/``sin``:
-    the tables (None: computed angles)."""
-    return choose_from(RULES, p, operands, in_place=in_place, backward=backward, cos=cos,
-                       sin=sin)
+    """The design's plan (:data:`RULES` as the device's tuning table sets them,
+    :func:`device_rules`) for problem ``p`` on ``operands``; ``cos``/``sin``: the tables (None:
+    computed angles)."""
+    return choose_from(device_rules(operands[0].src.get_device()), p, operands,
+                       in_place=in_place, backward=backward, cos=cos, sin=sin)
 
 
 def choose_from(rules, p: Problem, operands: list[Operand], *, in_place: bool, backward: bool,

@@ -1,0 +1,251 @@
+"""``python -m ports.harness.tune``: fastrope's tuning table for the GPU it runs on.
+
+Each row of fastrope's plan that has alternatives (``plan.ALTERNATIVES``) is timed on the cases
+where it holds, its own settings against each alternative, on equal inputs: the same q, k (8 kv
+heads) and half-width tables in x's dtype, out of place and in place as the row applies. A case
+whose plan an alternative leaves unchanged is not timed for it. Times are CUDA-graph replays
+(median), ``--rounds`` rounds with the candidates of a case interleaved in each; a candidate's
+ratio on a case is the median over rounds of its time over the row's own in the same round.
+
+An alternative is chosen for its row where it wins: geometric mean of its ratios at most
+``1 - MARGIN`` and no case slower than ``1 + MARGIN`` (the best such, else the row's own). The
+table (family, GPU, commit, the choices and every measurement) goes to ``--out`` (default
+``ports/fastrope/tuned/<family>.json``, where fastrope reads it: ports.fastrope.tuning) and, with
+``--json``, as a results data file (tools/results_tables.py renders it):
+
+    python -m ports.harness.tune                        # write the device's table
+    python -m ports.harness.tune --json results/data/tuning-h200.json --rounds 7
+
+Needs an NVIDIA GPU; about three minutes on an H100.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import re
+import statistics
+from dataclasses import dataclass
+
+import torch
+
+from reference.case import RopeCase
+
+MARGIN = 0.01
+ROUNDS = 5
+REP_MS = 20
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One case a row is timed on: the case (q and its GQA k) and the mode."""
+
+    case: RopeCase
+    in_place: bool
+
+    @property
+    def label(self) -> str:
+        b, s, h, d = self.case.batch, self.case.seqlen, self.case.heads, self.case.head_dim
+        k = f" + k {self.case.kv_heads}" if self.case.kv_heads else ""
+        mode = "in place" if self.in_place else "out of place"
+        return f"{b}x{s}x{h}x{d}{k} {self.case.dtype} {mode}"
+
+
+def _case(b: int, s: int, h: int, dtype: str, kv_heads: int | None = 8) -> RopeCase:
+    return RopeCase(b, s, h, 128, dtype=dtype, cos_sin_dtype="same", kv_heads=kv_heads,
+                    label="tune")
+
+
+def _both(*cases: RopeCase) -> tuple[Trial, ...]:
+    return tuple(Trial(c, m) for c in cases for m in (False, True))
+
+
+# Past the L2 on an H100 or H200 (50 MiB): the peers suite's large 16-bit and fp32 shapes.
+_LARGE_16 = (_case(4, 4096, 32, "bf16"), _case(8, 4096, 64, "bf16"), _case(1, 32768, 32, "bf16"),
+             _case(4, 4096, 32, "fp16"))
+_FP32 = (_case(4, 4096, 32, "fp32"), _case(1, 32768, 32, "fp32"), _case(1, 32768, 8, "fp32", None))
+# L2-sized 16-bit prefills that take the step kernel in place.
+_STEP = (_case(1, 4096, 32, "bf16"), _case(1, 2048, 32, "bf16"), _case(1, 4096, 32, "fp16"))
+
+# Row of plan.RULES -> the trials it is tuned on.
+TRIALS: dict[str, tuple[Trial, ...]] = {
+    "streaming past the L2": _both(*_LARGE_16[:3], _FP32[0]),
+    "several heads per step thread in place": tuple(Trial(c, True) for c in _STEP),
+    "16-bit past the L2: 8-byte accesses, 2 or 4 heads": (
+        *_both(*_LARGE_16), Trial(_case(1, 4096, 32, "bf16"), False)),
+    "fp32 in place past the L2: 2 heads per step": tuple(Trial(c, True) for c in _FP32),
+    "fp32 out of place past the L2: heads per step from the work": tuple(
+        Trial(c, False) for c in _FP32),
+}
+
+
+def decide(ratios: dict[str, list[float]], margin: float = MARGIN) -> tuple[str | None, dict]:
+    """The alternative a row takes from each alternative's ratios over its cases (None: the
+    row's own), and each alternative's score: geometric mean and worst ratio."""
+    scores = {}
+    for alternative, rs in ratios.items():
+        if rs:
+            scores[alternative] = (math.exp(statistics.fmean(map(math.log, rs))), max(rs))
+    winners = [(g, a) for a, (g, worst) in scores.items()
+               if g <= 1 - margin and worst <= 1 + margin]
+    return (min(winners)[1] if winners else None), scores
+
+
+def table_name(family: str) -> str:
+    """The file name of a family's table: its name in lower case, words joined by '-'."""
+    return re.sub(r"[^a-z0-9.]+", "-", family.lower()).strip("-") + ".json"
+
+
+def _inputs(trial: Trial):
+    from ports._adapters import half_width_tables
+    from reference.case import make_inputs
+
+    case = trial.case
+    inputs = make_inputs(case, seed=0, device="cuda")
+    cos, sin = half_width_tables(case, inputs)
+    xs = [x.clone() for x in inputs.xs] if trial.in_place else list(inputs.xs)
+    return xs, dict(cos=cos, sin=sin, check_positions=False)
+
+
+def _measure(rows: list[str], rounds: int, rep_ms: int, progress) -> list[dict]:
+    """Every (row, alternative, trial) time against the row's own, as measurement dicts."""
+    from ports.fastrope import experiment, plan
+    from ports.harness.timing import graph_median_us
+
+    by_trial: dict[Trial, list[tuple[str, str]]] = {}
+    for row in rows:
+        for trial in TRIALS[row]:
+            by_trial.setdefault(trial, []).extend((row, a) for a in plan.ALTERNATIVES[row])
+    measurements = []
+    for trial, candidates in by_trial.items():
+        xs, kw = _inputs(trial)
+
+        def call(choices, xs=xs, kw=kw, in_place=trial.in_place):
+            return lambda: experiment.apply_rope(*xs, choices=choices, in_place=in_place, **kw)
+
+        own = experiment.plans(*xs, choices={}, in_place=trial.in_place, **kw)
+        timed = []
+        for row, alternative in candidates:
+            choice = {row: alternative}
+            same = experiment.plans(*xs, choices=choice, in_place=trial.in_place, **kw) == own
+            timed.append((row, alternative, None if same else call(choice)))
+        design = call({})
+        rounds_us: dict[int, list[tuple[float, float]]] = {i: [] for i in range(len(timed))}
+        for _ in range(rounds):
+            for i, (_, _, fn) in enumerate(timed):
+                if fn is not None:
+                    base = graph_median_us(design, rep_ms=rep_ms)
+                    rounds_us[i].append((base, graph_median_us(fn, rep_ms=rep_ms)))
+        for i, (row, alternative, fn) in enumerate(timed):
+            entry = dict(row=row, alternative=alternative, case=trial.label)
+            if fn is None:
+                entry.update(same_plan=True)
+            else:
+                pairs = rounds_us[i]
+                entry.update(same_plan=False,
+                             own_us=round(statistics.median(b for b, _ in pairs), 2),
+                             us=round(statistics.median(t for _, t in pairs), 2),
+                             ratio=round(statistics.median(t / b for b, t in pairs), 4))
+            measurements.append(entry)
+            progress(entry)
+        del xs, kw
+        torch.cuda.empty_cache()
+    return measurements
+
+
+def choose(measurements: list[dict], rows: list[str], margin: float = MARGIN):
+    """The choices (row -> alternative) and the score rows the measurements give."""
+    from ports.fastrope import plan
+
+    choices, scores = {}, []
+    for row in rows:
+        ratios = {a: [m["ratio"] for m in measurements
+                      if m["row"] == row and m["alternative"] == a and not m["same_plan"]]
+                  for a in plan.ALTERNATIVES[row]}
+        chosen, score = decide(ratios, margin)
+        if chosen is not None:
+            choices[row] = chosen
+        for a in plan.ALTERNATIVES[row]:
+            g, worst = score.get(a, (None, None))
+            scores.append(dict(row=row, alternative=a, cases=len(ratios[a]),
+                               geomean=None if g is None else round(g, 4),
+                               worst=None if worst is None else round(worst, 4),
+                               chosen=a == chosen))
+    return choices, scores
+
+
+SCORE_COLUMNS = ["row", "alternative", "cases timed", "time / row's own (geomean)",
+                 "worst case", "chosen"]
+
+
+def score_rows(scores: list[dict]) -> list[list[str]]:
+    def cell(x):
+        return "-" if x is None else f"{x:.3f}"
+
+    return [[s["row"], s["alternative"], str(s["cases"]), cell(s["geomean"]), cell(s["worst"]),
+             "yes" if s["chosen"] else ""] for s in scores]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tabulate import tabulate
+
+    from ports.fastrope import plan, tuning
+    from ports.harness import env
+
+    parser = argparse.ArgumentParser(prog="python -m ports.harness.tune",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=pathlib.Path, default=None,
+                        help="the table's path (default: ports/fastrope/tuned/<family>.json)")
+    parser.add_argument("--json", type=pathlib.Path, default=None,
+                        help="also write the scores as a results data file")
+    parser.add_argument("--rows", nargs="+", default=list(TRIALS), metavar="ROW",
+                        help="the rows to tune (default: every row with alternatives)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"default {ROUNDS}")
+    parser.add_argument("--commit", default=None,
+                        help="the commit measured (default: the checkout's)")
+    args = parser.parse_args(argv)
+    for row in args.rows:
+        if row not in TRIALS:
+            parser.error(f"no tunable row {row!r}; choose from {', '.join(map(repr, TRIALS))}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if not torch.cuda.is_available():
+        parser.exit(3, "tuning needs an NVIDIA GPU\n")
+    device = torch.cuda.current_device()
+    family = tuning.device_family(device)
+    out = args.out or tuning.TUNED_DIR / table_name(family)
+
+    def progress(m):
+        said = "same plan" if m["same_plan"] else f"{m['us']:.1f} / {m['own_us']:.1f} us"
+        print(f"{m['row']} | {m['alternative']} | {m['case']}: {said}", flush=True)
+
+    measurements = _measure(args.rows, args.rounds, REP_MS, progress)
+    choices, scores = choose(measurements, args.rows)
+    plan.with_choices(choices)  # every choice names a row and alternative plan.py has
+    meta = env.metadata()
+    command = "python -m ports.harness.tune" + (f" --rounds {args.rounds}"
+                                                if args.rounds != ROUNDS else "")
+    provenance = dict(command=command, commit=args.commit or meta["git_sha"], gpu=meta["gpu"],
+                      driver=env.driver_version(),
+                      versions={k: meta[k] for k in ("torch", "triton", "cupy", "python")},
+                      date=meta["timestamp"][:10])
+    table = dict(family=family, **provenance, margin=MARGIN, rounds=args.rounds,
+                 choices=choices, scores=scores, measurements=measurements)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
+    print(f"\n## {family} ({meta['gpu']}): {out}")
+    print(tabulate(score_rows(scores), headers=SCORE_COLUMNS, tablefmt="github",
+                   disable_numparse=True))
+    if args.json is not None:
+        data = dict(provenance, section="per-device tuning",
+                    context=f"Tuning on {meta['gpu']} ({family}): each alternative's CUDA-graph "
+                            f"time over its row's own, geometric mean and worst over the cases "
+                            f"where it changes the plan ({args.rounds} rounds).",
+                    columns=SCORE_COLUMNS, rows=score_rows(scores))
+        args.json.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,130 @@
+"""Per-device tuning: a GPU's family, the shipped tables, the rules they give, and the tuning
+command's decisions and arguments (CPU; the timing itself runs on the GPU stages)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ports.fastrope import plan, tuning
+from ports.harness import tune
+
+H100 = tuning.family_name(9, 0, 132, 50 * 2**20, 5120)
+H200 = tuning.family_name(9, 0, 132, 50 * 2**20, 6144)
+
+
+def test_the_h100_and_the_h200_are_different_families():
+    assert H100 != H200
+    assert H100 == "sm_90, 132 SMs, 50 MiB L2, 5120-bit memory bus"
+    assert tune.table_name(H200) == "sm-90-132-sms-50-mib-l2-6144-bit-memory-bus.json"
+
+
+def test_every_shipped_table_is_valid_and_named_for_its_family():
+    """Each table's choices name rows and alternatives plan.py has, and its file is named
+    for its family (two tables for one family would be refused)."""
+    shipped = tuning.tables()
+    for family, table in shipped.items():
+        assert table["path"] == tune.table_name(family)
+        rules = plan.with_choices(table["choices"])
+        assert len(rules) == len(plan.RULES)
+        for row, alternative in table["choices"].items():
+            assert any(r.name == f"{row}: {alternative}" for r in rules)
+
+
+def test_a_choice_replaces_its_rows_settings_and_nothing_else():
+    row = "16-bit past the L2: 8-byte accesses, 2 or 4 heads"
+    rules = plan.with_choices({row: "16-byte accesses, 4 heads"})
+    assert rules is plan.with_choices({row: "16-byte accesses, 4 heads"})  # cached
+    changed = [(a, b) for a, b in zip(plan.RULES, rules) if a is not b]
+    assert len(changed) == 1
+    own, tuned = changed[0]
+    assert own.name == row and tuned.when is own.when and tuned.section == own.section
+    assert tuned.settings == {"vector": None, "unroll": 4}
+    assert plan.with_choices({}) == plan.RULES
+
+
+@pytest.mark.parametrize("choices, message", [
+    ({"the default": "x"}, "has alternatives"),
+    ({"streaming past the L2": "never"}, "choose from 'plain accesses'"),
+])
+def test_unknown_rows_and_alternatives_are_refused(choices, message):
+    with pytest.raises(ValueError, match=message):
+        plan.with_choices(choices)
+
+
+def test_a_device_runs_its_familys_choices(monkeypatch, tmp_path):
+    """device_rules reads the table of the device's family; another family runs RULES."""
+    row = "fp32 in place past the L2: 2 heads per step"
+    (tmp_path / "t.json").write_text(json.dumps({"family": H200, "choices": {row: "1 head"}}))
+    monkeypatch.setattr(tuning, "TUNED_DIR", tmp_path)
+    tuning.tables.cache_clear()
+    plan.device_rules.cache_clear()
+    try:
+        for family, expected in ((H200, {row: "1 head"}), (H100, {})):
+            monkeypatch.setattr(tuning, "device_family", lambda index, f=family: f)
+            plan.device_rules.cache_clear()
+            assert tuning.choices(0) == expected
+            assert plan.device_rules(0) == plan.with_choices(expected)
+    finally:
+        tuning.tables.cache_clear()
+        plan.device_rules.cache_clear()
+
+
+def test_two_tables_for_one_family_are_refused(monkeypatch, tmp_path):
+    for name in ("a.json", "b.json"):
+        (tmp_path / name).write_text(json.dumps({"family": H100, "choices": {}}))
+    monkeypatch.setattr(tuning, "TUNED_DIR", tmp_path)
+    tuning.tables.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="two tuning tables"):
+            tuning.tables()
+    finally:
+        tuning.tables.cache_clear()
+
+
+def test_every_row_with_alternatives_is_tuned_on_cases():
+    assert set(tune.TRIALS) == set(plan.ALTERNATIVES)
+    assert set(plan.ALTERNATIVES) <= {r.name for r in plan.RULES}
+    for trials in tune.TRIALS.values():
+        assert trials and len(set(trials)) == len(trials)
+
+
+@pytest.mark.parametrize("ratios, chosen", [
+    ({"a": [0.95, 0.97], "b": [0.98, 0.99]}, "a"),     # the best geometric mean
+    ({"a": [0.90, 1.05], "b": [0.98, 0.97]}, "b"),     # a loses one case by more than the margin
+    ({"a": [0.995, 0.995]}, None),                     # within the margin: the row's own
+    ({"a": []}, None),                                 # changed no plan
+])
+def test_an_alternative_wins_only_clearly(ratios, chosen):
+    assert tune.decide(ratios)[0] == chosen
+
+
+def test_choose_turns_measurements_into_choices():
+    row = "fp32 out of place past the L2: heads per step from the work"
+    m = [dict(row=row, alternative="2 heads", same_plan=False, ratio=0.9),
+         dict(row=row, alternative="2 heads", same_plan=False, ratio=0.95),
+         dict(row=row, alternative="1 head", same_plan=True)]
+    choices, scores = tune.choose(m, [row])
+    assert choices == {row: "2 heads"}
+    by_alt = {s["alternative"]: s for s in scores}
+    assert by_alt["2 heads"]["chosen"] and by_alt["2 heads"]["cases"] == 2
+    assert by_alt["1 head"]["geomean"] is None and not by_alt["1 head"]["chosen"]
+    assert tune.score_rows(scores)[0][-1] in ("yes", "")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--rows", "no such row"], "no tunable row 'no such row'"),
+    (["--rounds", "0"], "--rounds must be at least 1"),
+])
+def test_bad_arguments_get_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        tune.main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_without_a_gpu_it_says_so(monkeypatch, capsys):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        tune.main([])
+    assert e.value.code == 3 and "needs an NVIDIA GPU" in capsys.readouterr().err
