@@ -128,3 +128,20 @@ def test_without_a_gpu_it_says_so(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         tune.main([])
     assert e.value.code == 3 and "needs an NVIDIA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("heads, wide", [(64, True), (32, False)])
+def test_wide_accesses_where_they_leave_fewer_idle_head_slots(monkeypatch, heads, wide):
+    """The alternative takes 16-byte accesses and 4 heads for 64 + 8 heads (0 idle slots
+    against 24 with 8-byte accesses and 2 heads) and leaves 32 + 8 heads (0 either way) to the
+    row's own 8-byte accesses."""
+    from test_fastrope import _plan
+
+    row = "16-bit past the L2: 8-byte accesses, 2 or 4 heads"
+    alternative = "16-byte accesses and 4 heads where they leave fewer idle head slots"
+    kw = dict(shape=(1, 64, heads, 128), k_heads=8, l2=1 << 16, step_eligible=False)
+    own = _plan(monkeypatch, **kw)
+    monkeypatch.setattr(plan, "RULES", plan.with_choices({row: alternative}))
+    tuned = _plan(monkeypatch, **kw)
+    assert own.vector == 4 and own.unroll == (2 if heads == 64 else 4)
+    assert (tuned.vector, tuned.unroll) == ((8, 4) if wide else (own.vector, own.unroll))

@@ -258,6 +258,13 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+def _wide_leaves_fewer_idle(f) -> bool:
+    """16-byte accesses with 4 heads per step leave fewer idle head slots than 8-byte accesses
+    with 2 or 4 (72 heads: 0 against 24; 40 or 64 heads: 0 either way)."""
+    c = f.aligned_chunks
+    return idle_head_slots(f.htot, 4, c) < min(idle_head_slots(f.htot, u, 2 * c) for u in (2, 4))
+
+
 # What a device's tuning table may choose for a row instead of the row's own settings: row name
 # -> alternative name -> the settings it gives where the row holds. ``python -m
 # ports.harness.tune`` times each against the row's own on the GPU it runs on and writes the
@@ -271,7 +278,10 @@ ALTERNATIVES: dict[str, dict[str, dict]] = {
         "16-byte accesses, 4 heads": dict(vector=None, unroll=4),
         "16-byte accesses, 2 heads": dict(vector=None, unroll=2),
         "8-byte accesses, 4 heads": dict(vector=4, unroll=4),
-        "8-byte accesses, 2 heads": dict(vector=4, unroll=2)},
+        "8-byte accesses, 2 heads": dict(vector=4, unroll=2),
+        "16-byte accesses and 4 heads where they leave fewer idle head slots": dict(
+            vector=lambda f: None if _wide_leaves_fewer_idle(f) else 4,
+            unroll=lambda f: 4 if _wide_leaves_fewer_idle(f) else _fewest_idle_of_2_or_4(f))},
     "fp32 in place past the L2: 2 heads per step": {
         "1 head": dict(unroll=1), "4 heads": dict(unroll=4)},
     "fp32 out of place past the L2: heads per step from the work": {
@@ -406,6 +416,7 @@ def choose_from(rules, p: Problem, operands: list[Operand], *, in_place: bool, b
     index_bits = f.index_bits = _setting(rules, "index_bits", f)
     table_dtype = torch.float32 if computed else cos.dtype
     f.vector, f.chunks, f.split, f.pair_per_thread = v, chunks, split, pair
+    f.aligned_chunks = chunks  # f.chunks at the aligned width, before any narrowing
     f.work = tokens * htot * chunks  # chunk-rows: one thread's unit of work per head
     if _setting(rules, "step_kernel", f):
         # Every (token, head, chunk) its own thread; the heads of a token spread evenly over as
