@@ -27,7 +27,7 @@ import torch
 from ports import _alloc, registry
 from ports.harness.runner import run_case
 from ports.harness.suites import get_suite
-from ports.fastrope import ablation, apply_rope, apply_rope_inplace, kernel, plan
+from ports.fastrope import ablation, apply_rope, apply_rope_inplace, kernel, plan, tuning
 from ports.fastrope.canonical import ANGLE_REL_ERR_FP64
 from reference.case import RopeCase, RopeInputs, make_inputs
 from reference.expected import expected, tolerances
@@ -705,14 +705,44 @@ def test_mid_sized_problems_take_the_step_kernel_with_the_main_kernels_bits(
         chosen.clear()
         got = run(None, in_place)
         assert chosen and all(p.step for p in chosen), [p.kernel for p in chosen]
-        # in place on 16-bit data past 2x the resident threads: 2 or 4 heads per thread
-        assert chosen[0].unroll == (1 if not in_place or dtype == "fp32" else 4 if kv is None
-                                    else 2)
+        # in place on 16-bit data past 2x the resident threads: 2 or 4 heads per thread, or
+        # what this GPU's tuning table chose for the row
+        row = "several heads per step thread in place"
+        choice = tuning.choices(DEV.index or 0).get(row)
+        several = (plan.ALTERNATIVES[row][choice]["step_heads"] if choice
+                   else 4 if kv is None else 2)
+        assert chosen[0].unroll == (1 if not in_place or dtype == "fp32" else several)
         chosen.clear()
         main = run("no_step_kernel", in_place)
         assert chosen and not any(p.step for p in chosen), [p.kernel for p in chosen]
         assert all(_same_bits(a, b) for a, b in zip(got, main)), in_place
         assert not torch.equal(got[0], inputs.xs[0])  # rotated
+
+
+@pytest.mark.parametrize("row", sorted(plan.ALTERNATIVES))
+def test_every_tuning_alternative_gives_the_rows_own_bits(row):
+    """Each alternative a tuning table may choose (plan.ALTERNATIVES) rotates the first case the
+    tuning command times its row on (ports.harness.tune) to the bits of the row's own settings,
+    with a plan of its own where it changes one."""
+    from ports.fastrope import experiment
+    from ports.harness import tune
+
+    trial = tune.TRIALS[row][0]
+    xs, kw = tune._inputs(trial)
+    own_plans = experiment.plans(*[x.clone() for x in xs], choices={}, in_place=trial.in_place,
+                                 **kw)
+    own = _tuple(experiment.apply_rope(*[x.clone() for x in xs], choices={},
+                                       in_place=trial.in_place, **kw))
+    changed = 0
+    for alternative in plan.ALTERNATIVES[row]:
+        choice = {row: alternative}
+        changed += experiment.plans(*[x.clone() for x in xs], choices=choice,
+                                    in_place=trial.in_place, **kw) != own_plans
+        got = _tuple(experiment.apply_rope(*[x.clone() for x in xs], choices=choice,
+                                           in_place=trial.in_place, **kw))
+        assert all(_same_bits(a, b) for a, b in zip(got, own)), alternative
+    assert changed, f"no alternative of {row!r} changes the plan of {trial.label}"
+    assert not torch.equal(own[0], xs[0])  # rotated
 
 
 def _design(in_place):
