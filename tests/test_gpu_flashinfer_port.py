@@ -263,6 +263,7 @@ def test_cache_positions_under_cuda_graph_capture():
     pos = torch.arange(8, device="cuda") * 7
     fn = lambda: fi.apply_rope_with_cos_sin_cache(pos, q, k, 128, cache)  # noqa: E731
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the inputs' writes first
     with torch.cuda.stream(stream):
         fn()  # warm-up (compiles) outside the capture
         graph = torch.cuda.CUDAGraph()
@@ -287,6 +288,7 @@ def test_indptr_under_cuda_graph_capture():
     offsets = torch.tensor([0, 100], device="cuda")
     fi.apply_rope(q, k, indptr, offsets)  # warm-up (compiles) outside the capture
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the inputs' writes first
     with torch.cuda.stream(stream), _alloc.poisoned():
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):

@@ -270,6 +270,7 @@ def test_bounds_under_cuda_graph_capture():
         sglang.apply_rope_with_cos_sin_cache_inplace(pos, q, k, d, cache, True, arg)
 
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the inputs' writes first
     with torch.cuda.stream(stream):
         fn()  # warm-up (compiles) outside the capture
         graph = torch.cuda.CUDAGraph()

@@ -107,6 +107,7 @@ def test_start_positions_under_cuda_graph_capture():
     start = torch.tensor([0, 8], dtype=torch.int32, device="cuda")
     fn = lambda: te.apply_rotary_pos_emb(x, freqs, "bshd", start_positions=start)  # noqa: E731
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the inputs' writes first
     with torch.cuda.stream(stream):
         fn()  # warm-up (compiles) outside the capture
         graph = torch.cuda.CUDAGraph()

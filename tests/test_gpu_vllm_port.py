@@ -125,6 +125,7 @@ def test_positions_under_cuda_graph_capture():
     pos = torch.arange(t, device="cuda")
     cache = cache_for(16, d).cuda()
     stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())  # the inputs' writes first
     with torch.cuda.stream(stream):
         vllm_port.rotary_embedding(pos, q.clone(), None, d, cache, True)  # compile outside
         graph = torch.cuda.CUDAGraph()

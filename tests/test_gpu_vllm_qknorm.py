@@ -125,6 +125,7 @@ def test_positions_past_the_cache():
         out = qkv.clone()
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())  # the inputs' writes first
         with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
             vllm_port.fused_qk_norm_rope(out, hq, hk, hv, d, EPS, qw, kw, cache, True, bad,
                                          forced)
