@@ -273,7 +273,7 @@ def _wide_leaves_fewer_idle(f) -> bool:
 ALTERNATIVES: dict[str, dict[str, dict]] = {
     "streaming past the L2": {"plain accesses": dict(streaming=False)},
     "several heads per step thread in place": {
-        **{f"{n} head{'s' * (n > 1)}": dict(step_heads=n) for n in (1, 2, 4)}},
+        f"{n} head{'s' * (n > 1)}": dict(step_heads=n) for n in (1, 2, 4)},
     "16-bit past the L2: 8-byte accesses, 2 or 4 heads": {
         "16-byte accesses, 4 heads": dict(vector=None, unroll=4),
         "16-byte accesses, 2 heads": dict(vector=None, unroll=2),
