@@ -145,3 +145,42 @@ def test_wide_accesses_where_they_leave_fewer_idle_head_slots(monkeypatch, heads
     tuned = _plan(monkeypatch, **kw)
     assert own.vector == 4 and own.unroll == (2 if heads == 64 else 4)
     assert (tuned.vector, tuned.unroll) == ((8, 4) if wide else (own.vector, own.unroll))
+
+
+def test_retuning_one_row_keeps_the_other_rows_choices():
+    """``--rows`` re-times its rows; the family's other rows keep their choices, scores and
+    measurements, and ``runs`` says which run measured which rows."""
+    streaming, step = "streaming past the L2", "several heads per step thread in place"
+
+    def table(commit, rows, choices):
+        return dict(family=H200, commit=commit, command="tune", gpu="g", date="d",
+                    choices=choices,
+                    scores=[dict(row=r, alternative="x") for r in rows],
+                    measurements=[dict(row=r, alternative="x", case=commit) for r in rows])
+
+    old = table("a", [streaming, step], {streaming: "plain accesses", step: "4 heads"})
+    new = table("b", [streaming], {})
+    merged = tune.keep_other_rows(old, new, [streaming])
+    assert merged["choices"] == {step: "4 heads"}  # streaming re-timed: its old choice dropped
+    assert [m["case"] for m in merged["measurements"]] == ["b", "a"]  # in TRIALS order
+    assert merged["runs"] == [dict(command="tune", commit="a", gpu="g", date="d", rows=[step]),
+                              dict(command="tune", commit="b", gpu="g", date="d",
+                                   rows=[streaming])]
+    again = tune.keep_other_rows(merged, table("c", [step], {}), [step])
+    assert [r["commit"] for r in again["runs"]] == ["b", "c"] and again["choices"] == {}
+    other_family = dict(old, family=H100)
+    assert tune.keep_other_rows(other_family, new, [streaming]) is new
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_plain_accesses_out_of_place_keeps_the_hints_in_place(monkeypatch, in_place):
+    from test_fastrope import _flags, _plan
+
+    from ports.fastrope import kernel
+
+    kw = dict(shape=(1, 32768, 8, 128), in_place=in_place, l2=1 << 16)
+    assert not _flags(_plan(monkeypatch, **kw)) & kernel.PLAIN_ACCESSES  # the row's own
+    monkeypatch.setattr(plan, "RULES", plan.with_choices(
+        {"streaming past the L2": "plain accesses out of place"}))
+    plain = bool(_flags(_plan(monkeypatch, **kw)) & kernel.PLAIN_ACCESSES)
+    assert plain == (not in_place)

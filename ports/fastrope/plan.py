@@ -271,7 +271,9 @@ def _wide_leaves_fewer_idle(f) -> bool:
 # choices that win to tuning.TUNED_DIR; a GPU of a family without a table runs RULES as they
 # are (DESIGN.md, "Per-device tuning").
 ALTERNATIVES: dict[str, dict[str, dict]] = {
-    "streaming past the L2": {"plain accesses": dict(streaming=False)},
+    "streaming past the L2": {
+        "plain accesses": dict(streaming=False),
+        "plain accesses out of place": dict(streaming=lambda f: f.in_place)},
     "several heads per step thread in place": {
         f"{n} head{'s' * (n > 1)}": dict(step_heads=n) for n in (1, 2, 4)},
     "16-bit past the L2: 8-byte accesses, 2 or 4 heads": {

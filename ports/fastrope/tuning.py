@@ -4,9 +4,10 @@ takes for a row of plan.RULES.
 A table is a JSON file in :data:`TUNED_DIR`, written by ``python -m ports.harness.tune`` on a GPU
 of the family it names: its ``choices`` map a row's name to the alternative that beat the row's
 own settings there, and its ``measurements`` keep the times that decided it. A family is the
-properties a plan depends on: compute capability, SM count, L2 size and memory bus width (the
-H100 and the H200 differ only in the last: 5120 against 6144 bits, 3.35 against 4.8 TB/s). A
-GPU whose family has no table runs plan.RULES as they are, the plan measured on the H100.
+properties a plan depends on: compute capability, SM count, L2 size and memory bus width (as
+torch reports them, the H100 and the H200 differ in the last two: 50 and 60 MiB, 5120 and 6016
+bits). A GPU whose family has no table runs plan.RULES as they are, the plan measured on the
+H100.
 """
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ table (family, GPU, commit, the choices and every measurement) goes to ``--out``
 
     python -m ports.harness.tune                        # write the device's table
     python -m ports.harness.tune --json results/data/tuning-h200.json --rounds 7
+    python -m ports.harness.tune --rows "streaming past the L2"   # one row; the rest kept
 
 Needs an NVIDIA GPU; about three minutes on an H100.
 """
@@ -70,7 +71,8 @@ _STEP = (_case(1, 4096, 32, "bf16"), _case(1, 2048, 32, "bf16"), _case(1, 4096, 
 
 # Row of plan.RULES -> the trials it is tuned on.
 TRIALS: dict[str, tuple[Trial, ...]] = {
-    "streaming past the L2": _both(*_LARGE_16[:3], _FP32[1]),
+    "streaming past the L2": _both(*_LARGE_16[:3], _FP32[1], _FP32[0],
+                                   _case(1, 32768, 8, "bf16", None)),
     "several heads per step thread in place": tuple(Trial(c, True) for c in _STEP),
     "16-bit past the L2: 8-byte accesses, 2 or 4 heads": (
         *_both(*_LARGE_16), Trial(_case(1, 4096, 32, "bf16"), False)),
@@ -179,6 +181,37 @@ SCORE_COLUMNS = ["row", "alternative", "cases timed", "time / row's own (geomean
                  "worst case", "chosen"]
 
 
+def runs(table: dict) -> list[dict]:
+    """Which run measured which rows of a table: command, commit, GPU, date and rows."""
+    if "runs" in table:
+        return table["runs"]
+    rows = [r for r in TRIALS if any(m["row"] == r for m in table.get("measurements", ()))]
+    return [dict({k: table[k] for k in ("command", "commit", "gpu", "date") if k in table},
+                 rows=rows)]
+
+
+def keep_other_rows(old: dict, new: dict, rows: list[str]) -> dict:
+    """``new``, a run over ``rows``, with the choices, scores and measurements of the family's
+    other rows kept from ``old``, its earlier table; ``runs`` says which run measured which rows
+    (so ``--rows`` re-times one row without dropping the others' choices)."""
+    if old.get("family") != new["family"]:
+        return new
+    order = list(TRIALS)
+    earlier = [dict(run, rows=[r for r in run["rows"] if r not in rows]) for run in runs(old)]
+    earlier = [run for run in earlier if run["rows"]]
+    other = {r for run in earlier for r in run["rows"]}
+
+    def merged(key):
+        kept = [x for x in old.get(key, ()) if x["row"] in other]
+        return sorted(kept + new[key], key=lambda x: order.index(x["row"]))
+
+    choices = {r: a for r, a in old.get("choices", {}).items() if r in other}
+    choices.update(new["choices"])
+    return dict(new, choices={r: choices[r] for r in order if r in choices},
+                scores=merged("scores"), measurements=merged("measurements"),
+                runs=earlier + runs(new))
+
+
 def score_rows(scores: list[dict]) -> list[list[str]]:
     def cell(x):
         return "-" if x is None else f"{x:.3f}"
@@ -232,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
                       date=meta["timestamp"][:10])
     table = dict(family=family, **provenance, margin=MARGIN, rounds=args.rounds,
                  choices=choices, scores=scores, measurements=measurements)
+    if out.exists():
+        table = keep_other_rows(json.loads(out.read_text(encoding="utf-8")), table, args.rows)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
     print(f"\n## {family} ({meta['gpu']}): {out}")
