@@ -184,3 +184,23 @@ def test_plain_accesses_out_of_place_keeps_the_hints_in_place(monkeypatch, in_pl
         {"streaming past the L2": "plain accesses out of place"}))
     plain = bool(_flags(_plan(monkeypatch, **kw)) & kernel.PLAIN_ACCESSES)
     assert plain == (not in_place)
+
+
+@pytest.mark.parametrize("heads, k_heads, vector, unroll", [
+    (64, 8, 8, 4),     # 72 heads: 16-byte accesses leave 0 idle slots, 8-byte at 4 heads 56
+    (32, 8, 4, 4),     # 40 heads: 0 either way
+    (32, 0, 4, 4),     # 32 heads, q only: the row's own takes 2 heads per step
+])
+def test_four_heads_per_step_with_wide_accesses_where_they_leave_fewer_idle_slots(
+        monkeypatch, heads, k_heads, vector, unroll):
+    from test_fastrope import _plan
+
+    row = "16-bit past the L2: 8-byte accesses, 2 or 4 heads"
+    alternative = "4 heads, 16-byte accesses where they leave fewer idle head slots"
+    kw = dict(shape=(1, 64, heads, 128), k_heads=k_heads, l2=1 << 16, step_eligible=False)
+    own = _plan(monkeypatch, **kw)
+    monkeypatch.setattr(plan, "RULES", plan.with_choices({row: alternative}))
+    tuned = _plan(monkeypatch, **kw)
+    assert (tuned.vector, tuned.unroll) == (vector, unroll)
+    if k_heads == 0:
+        assert (own.vector, own.unroll) == (4, 2)

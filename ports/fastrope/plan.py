@@ -258,11 +258,16 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def _wide_leaves_fewer_idle(f) -> bool:
+def _wide_leaves_fewer_idle(f, unrolls=(2, 4)) -> bool:
     """16-byte accesses with 4 heads per step leave fewer idle head slots than 8-byte accesses
-    with 2 or 4 (72 heads: 0 against 24; 40 or 64 heads: 0 either way)."""
+    with any of ``unrolls`` heads per step (72 heads: 0 against 24 for 2 heads and 56 for 4; 32,
+    40 or 64 heads: 0 either way)."""
     c = f.aligned_chunks
-    return idle_head_slots(f.htot, 4, c) < min(idle_head_slots(f.htot, u, 2 * c) for u in (2, 4))
+    return idle_head_slots(f.htot, 4, c) < min(idle_head_slots(f.htot, u, 2 * c) for u in unrolls)
+
+
+def _wide_leaves_fewer_idle_at_4(f) -> bool:
+    return _wide_leaves_fewer_idle(f, (4,))
 
 
 # What a device's tuning table may choose for a row instead of the row's own settings: row name
@@ -283,7 +288,9 @@ ALTERNATIVES: dict[str, dict[str, dict]] = {
         "8-byte accesses, 2 heads": dict(vector=4, unroll=2),
         "16-byte accesses and 4 heads where they leave fewer idle head slots": dict(
             vector=lambda f: None if _wide_leaves_fewer_idle(f) else 4,
-            unroll=lambda f: 4 if _wide_leaves_fewer_idle(f) else _fewest_idle_of_2_or_4(f))},
+            unroll=lambda f: 4 if _wide_leaves_fewer_idle(f) else _fewest_idle_of_2_or_4(f)),
+        "4 heads, 16-byte accesses where they leave fewer idle head slots": dict(
+            vector=lambda f: None if _wide_leaves_fewer_idle_at_4(f) else 4, unroll=4)},
     "fp32 in place past the L2: 2 heads per step": {
         "1 head": dict(unroll=1), "4 heads": dict(unroll=4)},
     "fp32 out of place past the L2: heads per step from the work": {

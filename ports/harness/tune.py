@@ -66,6 +66,10 @@ def _both(*cases: RopeCase) -> tuple[Trial, ...]:
 _LARGE_16 = (_case(4, 4096, 32, "bf16"), _case(8, 4096, 64, "bf16"), _case(1, 32768, 32, "bf16"),
              _case(4, 4096, 32, "fp16"))
 _FP32 = (_case(1, 32768, 8, "fp32", None), _case(4, 4096, 32, "fp32"), _case(1, 32768, 32, "fp32"))
+# The prefill suite's q-only shapes past the L2 (32 and 64 heads: no idle head slots at 2 or 4
+# heads per step).
+_Q_ONLY_16 = (_case(4, 4096, 32, "bf16", None), _case(8, 4096, 64, "bf16", None))
+_Q_ONLY_FP32 = (_case(4, 4096, 32, "fp32", None), _case(8, 4096, 64, "fp32", None))
 # L2-sized 16-bit prefills that take the step kernel in place.
 _STEP = (_case(1, 4096, 32, "bf16"), _case(1, 2048, 32, "bf16"), _case(1, 4096, 32, "fp16"))
 
@@ -75,10 +79,11 @@ TRIALS: dict[str, tuple[Trial, ...]] = {
                                    _case(1, 32768, 8, "bf16", None)),
     "several heads per step thread in place": tuple(Trial(c, True) for c in _STEP),
     "16-bit past the L2: 8-byte accesses, 2 or 4 heads": (
-        *_both(*_LARGE_16), Trial(_case(1, 4096, 32, "bf16"), False)),
-    "fp32 in place past the L2: 2 heads per step": tuple(Trial(c, True) for c in _FP32),
+        *_both(*_LARGE_16, *_Q_ONLY_16), Trial(_case(1, 4096, 32, "bf16"), False)),
+    "fp32 in place past the L2: 2 heads per step": tuple(
+        Trial(c, True) for c in (*_FP32, *_Q_ONLY_FP32)),
     "fp32 out of place past the L2: heads per step from the work": tuple(
-        Trial(c, False) for c in _FP32),
+        Trial(c, False) for c in (*_FP32, *_Q_ONLY_FP32)),
 }
 
 
