@@ -90,10 +90,15 @@ def test_every_row_with_alternatives_is_tuned_on_cases():
 
 
 @pytest.mark.parametrize("ratios, chosen", [
-    ({"a": [0.95, 0.97], "b": [0.98, 0.99]}, "a"),     # the best geometric mean
-    ({"a": [0.90, 1.05], "b": [0.98, 0.97]}, "b"),     # a loses one case by more than the margin
-    ({"a": [0.995, 0.995]}, None),                     # within the margin: the row's own
-    ({"a": []}, None),                                 # changed no plan
+    # the best geometric mean
+    ({"a": {"x": 0.95, "y": 0.97}, "b": {"x": 0.98, "y": 0.99}}, "a"),
+    # a loses one case by more than the margin
+    ({"a": {"x": 0.90, "y": 1.05}, "b": {"x": 0.98, "y": 0.97}}, "b"),
+    ({"a": {"x": 0.995, "y": 0.995}}, None),          # within the margin: the row's own
+    ({"a": {}}, None),                                 # changed no plan
+    # a gains more where it changes the plan (x), b about as much on x, y and z: b is ahead
+    # over the three (a counts 1 on y and z)
+    ({"a": {"x": 0.955}, "b": {"x": 0.96, "y": 0.97, "z": 0.97}}, "b"),
 ])
 def test_an_alternative_wins_only_clearly(ratios, chosen):
     assert tune.decide(ratios)[0] == chosen
@@ -101,9 +106,9 @@ def test_an_alternative_wins_only_clearly(ratios, chosen):
 
 def test_choose_turns_measurements_into_choices():
     row = "fp32 out of place past the L2: heads per step from the work"
-    m = [dict(row=row, alternative="2 heads", same_plan=False, ratio=0.9),
-         dict(row=row, alternative="2 heads", same_plan=False, ratio=0.95),
-         dict(row=row, alternative="1 head", same_plan=True)]
+    m = [dict(row=row, alternative="2 heads", case="x", same_plan=False, ratio=0.9),
+         dict(row=row, alternative="2 heads", case="y", same_plan=False, ratio=0.95),
+         dict(row=row, alternative="1 head", case="x", same_plan=True)]
     choices, scores = tune.choose(m, [row])
     assert choices == {row: "2 heads"}
     by_alt = {s["alternative"]: s for s in scores}

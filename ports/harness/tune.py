@@ -87,16 +87,25 @@ TRIALS: dict[str, tuple[Trial, ...]] = {
 }
 
 
-def decide(ratios: dict[str, list[float]], margin: float = MARGIN) -> tuple[str | None, dict]:
-    """The alternative a row takes from each alternative's ratios over its cases (None: the
-    row's own), and each alternative's score: geometric mean and worst ratio."""
-    scores = {}
-    for alternative, rs in ratios.items():
-        if rs:
-            scores[alternative] = (math.exp(statistics.fmean(map(math.log, rs))), max(rs))
-    winners = [(g, a) for a, (g, worst) in scores.items()
-               if g <= 1 - margin and worst <= 1 + margin]
-    return (min(winners)[1] if winners else None), scores
+def _geomean(xs) -> float:
+    return math.exp(statistics.fmean(map(math.log, xs)))
+
+
+def decide(ratios: dict[str, dict[str, float]], margin: float = MARGIN
+           ) -> tuple[str | None, dict]:
+    """The alternative a row takes from each alternative's ratio on each case where it changes
+    the plan (None: the row's own), and each alternative's score there: geometric mean and
+    worst ratio.
+
+    An alternative wins where its geometric mean is at most ``1 - margin`` and no case is above
+    ``1 + margin``. Of several winners the one taken is the best over every case any winner
+    changes, a winner counting 1 where it leaves the plan as it is: one that gains as much on
+    two cases as another on six is not ahead of it."""
+    scores = {a: (_geomean(rs.values()), max(rs.values())) for a, rs in ratios.items() if rs}
+    winners = [a for a, (g, worst) in scores.items() if g <= 1 - margin and worst <= 1 + margin]
+    cases = {c for a in winners for c in ratios[a]}
+    over_all = {a: _geomean([ratios[a].get(c, 1.0) for c in sorted(cases)]) for a in winners}
+    return (min(winners, key=lambda a: (over_all[a], a)) if winners else None), scores
 
 
 def table_name(family: str) -> str:
@@ -167,8 +176,8 @@ def choose(measurements: list[dict], rows: list[str], margin: float = MARGIN):
 
     choices, scores = {}, []
     for row in rows:
-        ratios = {a: [m["ratio"] for m in measurements
-                      if m["row"] == row and m["alternative"] == a and not m["same_plan"]]
+        ratios = {a: {m["case"]: m["ratio"] for m in measurements
+                      if m["row"] == row and m["alternative"] == a and not m["same_plan"]}
                   for a in plan.ALTERNATIVES[row]}
         chosen, score = decide(ratios, margin)
         if chosen is not None:
