@@ -1,23 +1,27 @@
 """``python -m ports.harness.tune``: fastrope's tuning table for the GPU it runs on.
 
 Each row of fastrope's plan that has alternatives (``plan.ALTERNATIVES``) is timed on the cases
-where it holds, its own settings against each alternative, on equal inputs: the same q, k (8 kv
-heads) and half-width tables in x's dtype, out of place and in place as the row applies. A case
-whose plan an alternative leaves unchanged is not timed for it. Times are CUDA-graph replays
-(median), ``--rounds`` rounds with the candidates of a case interleaved in each; a candidate's
-ratio on a case is the median over rounds of its time over the row's own in the same round.
+where it holds, its own settings against each alternative, on equal inputs: the same q, k where
+the case has one (8 kv heads) and half-width tables in x's dtype, out of place and in place as the
+row applies. A case whose plan an alternative leaves unchanged is not timed for it. Times are
+CUDA-graph replays (median), ``--rounds`` rounds with the candidates of a case interleaved in
+each; a candidate's ratio on a case is the median over rounds of its time over the row's own in
+the same round.
 
 An alternative is chosen for its row where it wins: geometric mean of its ratios at most
-``1 - MARGIN`` and no case slower than ``1 + MARGIN`` (the best such, else the row's own). The
-table (family, GPU, commit, the choices and every measurement) goes to ``--out`` (default
-``ports/fastrope/tuned/<family>.json``, where fastrope reads it: ports.fastrope.tuning) and, with
-``--json``, as a results data file (tools/results_tables.py renders it):
+``1 - MARGIN`` and no case slower than ``1 + MARGIN``; of several winners, the best over every case
+any of them changes (:func:`decide`); else the row's own. The cases are the peers suite's large
+shapes with a GQA k and the prefill suite's q-only ones (:data:`TRIALS`). The table (family,
+GPU, commit, the choices and every measurement) goes to ``--out`` (default
+``ports/fastrope/tuned/<family>.json``, where fastrope reads it: ports.fastrope.tuning; ``--rows``
+keeps the family's other rows there) and, with ``--json``, this run's scores as a results data
+file (tools/results_tables.py renders it):
 
     python -m ports.harness.tune                        # write the device's table
     python -m ports.harness.tune --json results/data/tuning-h200.json --rounds 7
     python -m ports.harness.tune --rows "streaming past the L2"   # one row; the rest kept
 
-Needs an NVIDIA GPU; about three minutes on an H100.
+Needs an NVIDIA GPU; a few minutes on an H100 or an H200.
 """
 from __future__ import annotations
 
