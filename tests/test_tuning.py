@@ -31,6 +31,15 @@ def test_every_shipped_table_is_valid_and_named_for_its_family():
             assert any(r.name == f"{row}: {alternative}" for r in rules)
 
 
+def test_every_shipped_tables_choices_follow_from_its_measurements():
+    """The decision rule, applied to a shipped table's measurements, gives its choices (a table
+    written under an older rule, or edited by hand, fails here)."""
+    for family, table in tuning.tables().items():
+        rows = [r for r in tune.TRIALS if any(m["row"] == r for m in table["measurements"])]
+        choices, _ = tune.choose(table["measurements"], rows)
+        assert choices == table["choices"], family
+
+
 def test_a_choice_replaces_its_rows_settings_and_nothing_else():
     row = "16-bit past the L2: 8-byte accesses, 2 or 4 heads"
     rules = plan.with_choices({row: "16-byte accesses, 4 heads"})
