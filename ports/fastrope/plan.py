@@ -266,10 +266,6 @@ def _wide_leaves_fewer_idle(f, unrolls=(2, 4)) -> bool:
     return idle_head_slots(f.htot, 4, c) < min(idle_head_slots(f.htot, u, 2 * c) for u in unrolls)
 
 
-def _wide_leaves_fewer_idle_at_4(f) -> bool:
-    return _wide_leaves_fewer_idle(f, (4,))
-
-
 # What a device's tuning table may choose for a row instead of the row's own settings: row name
 # -> alternative name -> the settings it gives where the row holds. ``python -m
 # ports.harness.tune`` times each against the row's own on the GPU it runs on and writes the
@@ -290,7 +286,7 @@ ALTERNATIVES: dict[str, dict[str, dict]] = {
             vector=lambda f: None if _wide_leaves_fewer_idle(f) else 4,
             unroll=lambda f: 4 if _wide_leaves_fewer_idle(f) else _fewest_idle_of_2_or_4(f)),
         "4 heads, 16-byte accesses where they leave fewer idle head slots": dict(
-            vector=lambda f: None if _wide_leaves_fewer_idle_at_4(f) else 4, unroll=4)},
+            vector=lambda f: None if _wide_leaves_fewer_idle(f, (4,)) else 4, unroll=4)},
     "fp32 in place past the L2: 2 heads per step": {
         "1 head": dict(unroll=1), "4 heads": dict(unroll=4)},
     "fp32 out of place past the L2: heads per step from the work": {
