@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from ports.fastrope import plan, tuning
 from ports.harness import tune
@@ -198,6 +199,21 @@ def test_plain_accesses_out_of_place_keeps_the_hints_in_place(monkeypatch, in_pl
         {"streaming past the L2": "plain accesses out of place"}))
     plain = bool(_flags(_plan(monkeypatch, **kw)) & kernel.PLAIN_ACCESSES)
     assert plain == (not in_place)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_plain_accesses_for_fp32_out_of_place_only(monkeypatch, in_place, dtype):
+    from test_fastrope import _flags, _plan
+
+    from ports.fastrope import kernel
+
+    kw = dict(shape=(1, 32768, 8, 128), in_place=in_place, l2=1 << 16, dtype=dtype)
+    assert not _flags(_plan(monkeypatch, **kw)) & kernel.PLAIN_ACCESSES  # the row's own
+    monkeypatch.setattr(plan, "RULES", plan.with_choices(
+        {"streaming past the L2": "plain accesses for fp32 out of place"}))
+    plain = bool(_flags(_plan(monkeypatch, **kw)) & kernel.PLAIN_ACCESSES)
+    assert plain == (not in_place and dtype == torch.float32)
 
 
 @pytest.mark.parametrize("heads, k_heads, vector, unroll", [

@@ -274,7 +274,9 @@ def _wide_leaves_fewer_idle(f, unrolls=(2, 4)) -> bool:
 ALTERNATIVES: dict[str, dict[str, dict]] = {
     "streaming past the L2": {
         "plain accesses": dict(streaming=False),
-        "plain accesses out of place": dict(streaming=lambda f: f.in_place)},
+        "plain accesses out of place": dict(streaming=lambda f: f.in_place),
+        "plain accesses for fp32 out of place": dict(
+            streaming=lambda f: f.in_place or f.elem != 4)},
     "several heads per step thread in place": {
         f"{n} head{'s' * (n > 1)}": dict(step_heads=n) for n in (1, 2, 4)},
     "16-bit past the L2: 8-byte accesses, 2 or 4 heads": {

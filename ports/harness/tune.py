@@ -79,8 +79,9 @@ _STEP = (_case(1, 4096, 32, "bf16"), _case(1, 2048, 32, "bf16"), _case(1, 4096, 
 
 # Row of plan.RULES -> the trials it is tuned on.
 TRIALS: dict[str, tuple[Trial, ...]] = {
-    "streaming past the L2": _both(*_LARGE_16[:3], _FP32[1], _FP32[0],
-                                   _case(1, 32768, 8, "bf16", None)),
+    "streaming past the L2": (*_both(*_LARGE_16[:3], _FP32[1], _FP32[0],
+                                     _case(1, 32768, 8, "bf16", None)),
+                              *(Trial(c, False) for c in _Q_ONLY_FP32)),
     "several heads per step thread in place": tuple(Trial(c, True) for c in _STEP),
     "16-bit past the L2: 8-byte accesses, 2 or 4 heads": (
         *_both(*_LARGE_16, *_Q_ONLY_16), Trial(_case(1, 4096, 32, "bf16"), False)),
