@@ -30,6 +30,7 @@ import json
 import math
 import pathlib
 import re
+import shlex
 import statistics
 from dataclasses import dataclass
 
@@ -278,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = env.metadata()
     command = "python -m ports.harness.tune" + (f" --rounds {args.rounds}"
                                                 if args.rounds != ROUNDS else "")
+    if args.rows != list(TRIALS):
+        command += " --rows " + " ".join(shlex.quote(r) for r in args.rows)
     provenance = dict(command=command, commit=args.commit or meta["git_sha"], gpu=meta["gpu"],
                       driver=env.driver_version(),
                       versions={k: meta[k] for k in ("torch", "triton", "cupy", "python")},
