@@ -728,7 +728,7 @@ def test_every_tuning_alternative_gives_the_rows_own_bits(row):
     from ports.harness import tune
 
     trial = tune.TRIALS[row][0]
-    xs, kw = tune._inputs(trial)
+    xs, kw = tune.trial_inputs(trial)
     own_plans = experiment.plans(*[x.clone() for x in xs], choices={}, in_place=trial.in_place,
                                  **kw)
     own = _tuple(experiment.apply_rope(*[x.clone() for x in xs], choices={},

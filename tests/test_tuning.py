@@ -234,3 +234,32 @@ def test_four_heads_per_step_with_wide_accesses_where_they_leave_fewer_idle_slot
     assert (tuned.vector, tuned.unroll) == (vector, unroll)
     if k_heads == 0:
         assert (own.vector, own.unroll) == (4, 2)
+
+
+@pytest.mark.parametrize("shape, k_heads, own, fixed_4, two_warps", [
+    ((1, 4096, 32, 128), 8, 2, 4, 4),   # 40 heads: 4 per thread give blocks of 80 threads
+    ((1, 32768, 8, 128), 0, 1, 4, 1),   # 8 heads: 4 per thread give blocks of 16, 2 of 32
+])
+def test_step_heads_where_the_blocks_hold_two_warps(monkeypatch, shape, k_heads, own, fixed_4,
+                                                     two_warps):
+    """The step kernel's heads per thread in place: the row's own (4 or 2 where the blocks fill
+    whole warps, at least two), a fixed 4, and 4 or 2 where the blocks hold two warps' threads,
+    whole warps or not (so a fixed 4 at 8 heads, blocks of 16 threads, is left out)."""
+    from test_fastrope import _plan
+
+    row = "several heads per step thread in place"
+    kw = dict(shape=shape, k_heads=k_heads, in_place=True, step_eligible=True)
+
+    alternatives = ("4 heads",
+                    "4 or 2 heads where the blocks hold two warps' threads, whole warps or not")
+    tables = {None: plan.RULES, **{a: plan.with_choices({row: a}) for a in alternatives}}
+
+    def heads(alternative):
+        monkeypatch.setattr(plan, "RULES", tables[alternative])
+        p = _plan(monkeypatch, **kw)
+        assert p.step
+        return p.unroll
+
+    assert heads(None) == own
+    assert heads(alternatives[0]) == fixed_4
+    assert heads(alternatives[1]) == two_warps

@@ -146,14 +146,16 @@ def step_work_bound(elem_size: int, sbhd_batches: bool) -> int:
     return 8 if elem_size == 2 else 4
 
 
-def step_heads_filling_warps(htot: int, chunks: int, tokens: int, sms: int) -> int:
+def step_heads_filling_warps(htot: int, chunks: int, tokens: int, sms: int,
+                             whole_warps: bool = True) -> int:
     """Heads per step-kernel thread where several pay (in place, 16-bit, an L2-sized prefill:
     each thread loads and writes back several heads with the token's table chunk loaded once):
-    4, else 2, where the blocks of a token's heads then fill whole warps, at least two (an SM
-    holds at most 32 blocks: blocks of one warp would leave half its threads idle); else 1."""
+    4, else 2, where the blocks of a token's heads then hold at least two warps' threads (an SM
+    holds at most 32 blocks: blocks of one warp would leave half its threads idle), in whole
+    warps unless ``whole_warps`` is off; else 1."""
     for heads in (4, 2):
         threads = -(-htot // (step_head_blocks(htot, chunks, heads, tokens, sms) * heads)) * chunks
-        if threads % 32 == 0 and threads >= 64:
+        if (threads % 32 == 0 or not whole_warps) and threads >= 64:
             return heads
     return 1
 
@@ -278,7 +280,10 @@ ALTERNATIVES: dict[str, dict[str, dict]] = {
         "plain accesses for fp32 out of place": dict(
             streaming=lambda f: f.in_place or f.elem != 4)},
     "several heads per step thread in place": {
-        f"{n} head{'s' * (n > 1)}": dict(step_heads=n) for n in (1, 2, 4)},
+        **{f"{n} head{'s' * (n > 1)}": dict(step_heads=n) for n in (1, 2, 4)},
+        "4 or 2 heads where the blocks hold two warps' threads, whole warps or not": dict(
+            step_heads=lambda f: step_heads_filling_warps(f.htot, f.step_chunks, f.tokens, f.sms,
+                                                          whole_warps=False))},
     "16-bit past the L2: 8-byte accesses, 2 or 4 heads": {
         "16-byte accesses, 4 heads": dict(vector=None, unroll=4),
         "16-byte accesses, 2 heads": dict(vector=None, unroll=2),

@@ -75,8 +75,10 @@ _FP32 = (_case(1, 32768, 8, "fp32", None), _case(4, 4096, 32, "fp32"), _case(1, 
 # heads per step).
 _Q_ONLY_16 = (_case(4, 4096, 32, "bf16", None), _case(8, 4096, 64, "bf16", None))
 _Q_ONLY_FP32 = (_case(4, 4096, 32, "fp32", None), _case(8, 4096, 64, "fp32", None))
-# L2-sized 16-bit prefills that take the step kernel in place.
-_STEP = (_case(1, 4096, 32, "bf16"), _case(1, 2048, 32, "bf16"), _case(1, 4096, 32, "fp16"))
+# 16-bit prefills that take the step kernel in place: L2-sized ones, and the q-only 1x32768x8
+# just past the L2 (8 heads: 4 heads per thread leave blocks of 16 threads).
+_STEP = (_case(1, 4096, 32, "bf16"), _case(1, 2048, 32, "bf16"), _case(1, 4096, 32, "fp16"),
+         _case(1, 32768, 8, "bf16", None))
 
 # Row of plan.RULES -> the trials it is tuned on.
 TRIALS: dict[str, tuple[Trial, ...]] = {
@@ -119,7 +121,9 @@ def table_name(family: str) -> str:
     return re.sub(r"[^a-z0-9.]+", "-", family.lower()).strip("-") + ".json"
 
 
-def _inputs(trial: Trial):
+def trial_inputs(trial: Trial):
+    """A trial's inputs on the GPU (seed 0): x and its GQA k (copies for an in-place trial), and
+    fastrope's keyword arguments: half-width tables in x's dtype, no position check."""
     from ports._adapters import half_width_tables
     from reference.case import make_inputs
 
@@ -141,7 +145,7 @@ def _measure(rows: list[str], rounds: int, rep_ms: int, progress) -> list[dict]:
             by_trial.setdefault(trial, []).extend((row, a) for a in plan.ALTERNATIVES[row])
     measurements = []
     for trial, candidates in by_trial.items():
-        xs, kw = _inputs(trial)
+        xs, kw = trial_inputs(trial)
 
         def call(choices, xs=xs, kw=kw, in_place=trial.in_place):
             return lambda: experiment.apply_rope(*xs, choices=choices, in_place=in_place, **kw)
