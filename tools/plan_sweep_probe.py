@@ -3,7 +3,8 @@
 For each case (q only, or q with a GQA k of 8 heads; half-width tables in x's dtype, the same
 tensors for every row) and mode, the design (the device's tuning table) is timed beside fixed
 plans from the experiment interface: heads per step (16-byte accesses), the 16-bit row's
-alternatives, head splits, a ``__launch_bounds__`` minimum of resident blocks, plain accesses;
+alternatives, head splits, a ``__launch_bounds__`` minimum of resident blocks, plain accesses, a
+thread per half (the one_half_per_thread ablation);
 and beside torch.compile of the HF rotation (the prefill suite's row) and a same-size copy.
 CUDA-graph us, the minimum of 3 interleaved medians; each fastrope row's output is checked
 against the design's. One JSON line per (case, mode) row, and a markdown table:
@@ -48,6 +49,9 @@ SETUPS = {
     "mb4": dict(variant=experiment.Variant(min_blocks=4)),
     "u2 mb4": dict(unroll=2, variant=experiment.Variant(min_blocks=4)),
     "plain": dict(choices={"streaming past the L2": "plain accesses"}),
+    # rotate-half out of place with a thread per half that loads its partner: every store of a
+    # warp contiguous, as torch.compile's flat kernel writes them
+    "half": dict(ablation="one_half_per_thread"),
 }
 
 
