@@ -7,7 +7,7 @@ alternatives, head splits, a ``__launch_bounds__`` minimum of resident blocks, p
 thread per half (the one_half_per_thread ablation);
 and beside torch.compile of the HF rotation (the prefill suite's row) and a same-size copy.
 CUDA-graph us, the minimum of 3 interleaved medians; each fastrope row's output is checked
-against the design's. One JSON line per (case, mode) row, and a markdown table:
+against the design's: bit for bit, or to rounding where its math order differs. One JSON line per (case, mode) row, and a markdown table:
 
     python -m tools.plan_sweep_probe [--json FILE] [--cases I ...] [--only SETUP ...]
 """
@@ -77,7 +77,11 @@ def sweep(case, in_place, setups):
             plans[name] = f"refused: {e}"
             continue
         outs = outs if isinstance(outs, tuple) else (outs,)
-        assert all(torch.equal(o, e) for o, e in zip(outs, expect)), name
+        if not all(torch.equal(o, e) for o, e in zip(outs, expect)):
+            # another math order (a thread per half): the design's values to rounding
+            for o, e in zip(outs, expect):
+                torch.testing.assert_close(o, e, msg=lambda m: f"{name}: {m}")
+            plans[name] += " (not bit-equal to the design; equal to rounding)"
         calls[name] = (lambda xs=xs, extra=extra:
                        experiment.apply_rope(*xs, in_place=in_place, **extra, **kw))
     spec = registry.get(COMPILED)
