@@ -195,8 +195,8 @@ def unroll_from_work(f) -> int:
     return heads_per_step(f.work, f.resident, capped=not f.computed and f.split)
 
 
-def _step_heads(f) -> int:
-    return step_heads_filling_warps(f.htot, f.step_chunks, f.tokens, f.sms)
+def _step_heads(f, whole_warps: bool = True) -> int:
+    return step_heads_filling_warps(f.htot, f.step_chunks, f.tokens, f.sms, whole_warps)
 
 
 def _takes_step_kernel(f) -> bool:
@@ -282,8 +282,7 @@ ALTERNATIVES: dict[str, dict[str, dict]] = {
     "several heads per step thread in place": {
         **{f"{n} head{'s' * (n > 1)}": dict(step_heads=n) for n in (1, 2, 4)},
         "4 or 2 heads where the blocks hold two warps' threads, whole warps or not": dict(
-            step_heads=lambda f: step_heads_filling_warps(f.htot, f.step_chunks, f.tokens, f.sms,
-                                                          whole_warps=False))},
+            step_heads=lambda f: _step_heads(f, whole_warps=False))},
     "16-bit past the L2: 8-byte accesses, 2 or 4 heads": {
         "16-byte accesses, 4 heads": dict(vector=None, unroll=4),
         "16-byte accesses, 2 heads": dict(vector=None, unroll=2),
