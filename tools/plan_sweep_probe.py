@@ -5,7 +5,8 @@ tensors for every row) and mode, the design (the device's tuning table) is timed
 plans from the experiment interface: heads per step (16-byte accesses), the 16-bit row's
 alternatives, head splits, a ``__launch_bounds__`` minimum of resident blocks, plain accesses, a
 thread per half (the one_half_per_thread ablation);
-and beside torch.compile of the HF rotation (the prefill suite's row) and a same-size copy.
+and beside torch.compile of the HF rotation (the prefill suite's row: the full-width tables of the
+same angles) and a same-size copy.
 CUDA-graph us, the minimum of 3 interleaved medians; each fastrope row's output is checked
 against the design's: bit for bit, or to rounding where its math order differs. One JSON line per (case, mode) row, and a markdown table:
 
