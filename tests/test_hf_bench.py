@@ -96,10 +96,10 @@ def test_a_mode_that_raises_is_a_cell_with_the_reason(tmp_path, monkeypatch, cap
     """An OOM or a compile failure in one mode leaves its cells a status; the others run."""
     real = hf_bench.Workload.measure
 
-    def measure(self, iters):
+    def measure(self, iters, variant):
         if self.mode == "decode":
             raise RuntimeError("compile failed\nwith a long traceback")
-        return real(self, iters)
+        return real(self, iters, variant)
 
     monkeypatch.setattr(hf_bench.Workload, "measure", measure)
     out = tmp_path / "hf.csv"
@@ -111,8 +111,8 @@ def test_a_mode_that_raises_is_a_cell_with_the_reason(tmp_path, monkeypatch, cap
 
 
 def test_a_variant_installs_the_same_functions_every_time():
-    """A compiled decode step is guarded on the installed functions: new ones at every
-    repetition would recompile it each time."""
+    """What a variant's warm-up compiled and its decode graph captured is what its later
+    repetitions install: the same function objects every time."""
     from ports.fastrope import hf
 
     found = hf_bench.variants("qwen3", liger=False, device=torch.device("cpu"))
@@ -124,3 +124,29 @@ def test_a_variant_installs_the_same_functions_every_time():
             seen.append((module.apply_rotary_pos_emb, module.Qwen3Attention.forward))
         assert (module.apply_rotary_pos_emb, module.Qwen3Attention.forward) == before
     assert seen[0] == seen[1] and seen[0][1].family is hf.FAMILIES["qwen3"]
+
+
+@pytest.mark.parametrize("family", ["llama", "glm4"])
+def test_decode_loop_is_generate_and_redoes_the_same_steps(family):
+    """The timed decode loop gives ``generate``'s greedy tokens, and a second run (a graph's
+    next replay) rewinds the static cache and gives them again."""
+    from ports.fastrope import hf_models
+
+    model = hf_models.model(family, hf_models.TINY, dtype=torch.float32,
+                            device=torch.device("cpu"), attention="sdpa")
+    ids = torch.randint(3, hf_models.TINY.vocab, (2, 16),
+                        generator=torch.Generator().manual_seed(0))
+    loop = hf_bench.DecodeLoop(model, ids, 3)
+    first, second = loop.run(), loop.run()
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                              max_new_tokens=4, min_new_tokens=4)[:, -1:]
+    assert torch.equal(first, expected) and torch.equal(second, expected)
+
+
+def test_decode_loop_refuses_a_window_that_would_roll():
+    from ports.fastrope import hf_models
+
+    model = hf_models.model("gemma2", hf_models.TINY, dtype=torch.float32,
+                            device=torch.device("cpu"), attention="sdpa")
+    with pytest.raises(ValueError, match="sliding window of 8 tokens is shorter than the prompt"):
+        hf_bench.DecodeLoop(model, torch.randint(3, 100, (1, 16)), 2)

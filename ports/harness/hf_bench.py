@@ -19,10 +19,12 @@ Modes, each timed with CUDA events after a warm-up, per variant:
 * ``train``: one bf16 forward and backward of ``[batch, seq]`` tokens (labels = inputs).
 * ``prefill``: one bf16 forward of ``[1, prefill]`` tokens, no cache, the last token's logits
   only (``--prefill 16384`` is the long-context case).
-* ``decode``: ``generate`` with HF's static cache, its decode step compiled by transformers
-  (reduce-overhead: CUDA graphs), ``--new-tokens`` greedy tokens for ``[batch, 16]`` prompts;
-  reported as tokens/s, the prefill and the compile excluded by timing two lengths and taking
-  the difference.
+* ``decode``: ``--new-tokens`` greedy decode steps of ``[batch, 16]`` prompts on HF's static
+  cache, captured per variant in one CUDA graph (each step's argmax is the next step's token, as
+  ``generate`` feeds them); one replay is one repetition's call, reported as tokens/s (``batch *
+  new_tokens`` per replay). The prompt's prefill runs once, before the capture. On a CPU the
+  same loop runs eagerly. (``generate``'s own loop spends most of a 1B model's decode step on
+  the host: its tokens/s measured the host's drift, not the step.)
 
 Repetitions alternate the variants (A B C, B C A, ...), so drift on the machine spreads over all
 of them; each repetition is one number (the mean over ``--iters`` calls) and a cell is the median
@@ -77,10 +79,9 @@ def _liger():
 
 
 def _reusable(make: Callable[[], hf.Patch]) -> Callable[[], hf.Patch] | str:
-    """A factory installing what ``make()`` installs, the same function objects every time: the
-    decode step transformers compiles is guarded on them, so each variant finds its own graph
-    again at every repetition instead of recompiling (and, past dynamo's cache limit, running
-    eager). A refusal becomes the variant's reason."""
+    """A factory installing what ``make()`` installs, the same function objects every time: a
+    variant's repetitions run what its warm-up compiled and its decode graph captured. A refusal
+    becomes the variant's reason."""
     try:
         patch = make()
     except (NotImplementedError, ImportError) as exc:
@@ -154,16 +155,9 @@ class Workload:
                                      generator=gen)
             self.unit, self.per = "ms", 1.0
         else:
-            self.ids = torch.randint(3, sizes.vocab, (args.batch, 16), device=device,
-                                     generator=gen)
+            ids = torch.randint(3, sizes.vocab, (args.batch, 16), device=device, generator=gen)
+            self.decode = DecodeLoop(model, ids, args.new_tokens)
             self.unit, self.per = "tokens/s", float(args.batch * args.new_tokens)
-        self.new_tokens = args.new_tokens
-
-    def _generate(self, n: int):
-        with torch.no_grad():
-            return self.model.generate(self.ids, attention_mask=torch.ones_like(self.ids),
-                                       do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                                       cache_implementation="static")
 
     def run(self) -> None:
         if self.mode == "train":
@@ -175,17 +169,83 @@ class Workload:
             with torch.no_grad():
                 self.model(self.ids, use_cache=False, logits_to_keep=1)
         else:
-            self.model.eval()
-            self._generate(self.new_tokens + 1)
+            self.decode.run()
 
-    def measure(self, iters: int) -> float:
-        """The reported value of one repetition: ms per call, or decode tokens/s."""
+    def measure(self, iters: int, variant: str) -> float:
+        """The reported value of one repetition of ``variant`` (installed by the caller): ms per
+        call, or decode tokens/s."""
         if self.mode != "decode":
             return _timed_ms(self.run, iters, self.device)
+        return self.per / (_timed_ms(self.decode.replayer(variant), iters, self.device) / 1e3)
+
+
+class DecodeLoop:
+    """Greedy decode on HF's static cache: the prompt's prefill once, then ``steps`` single-token
+    forwards, each fed the previous step's argmax. The cache counts its own length (a device
+    tensor per layer, from which the model takes its positions): each loop first rewinds it to
+    the prompt, so every run, eager or a CUDA graph's replay, redoes the same steps in the same
+    cache slots. On a GPU a variant's loop is captured in one CUDA graph (the variant installed
+    while it is captured) and timed by replaying it."""
+
+    def __init__(self, model, ids: torch.Tensor, steps: int):
+        from transformers import StaticCache
+
+        self.model, self.device = model, ids.device
+        self.prompt, self.steps = ids.shape[1], steps
+        self.cache = StaticCache(config=model.config, max_cache_len=self.prompt + steps)
+        model.eval()
+        with torch.no_grad():
+            logits = model(ids, past_key_values=self.cache, use_cache=True,
+                           logits_to_keep=1).logits
+        self.first = logits[:, -1:].argmax(-1)  # [batch, 1]
+        short = [layer.max_cache_len for layer in self.cache.layers
+                 if getattr(layer, "is_sliding", False)
+                 and layer.max_cache_len < self.prompt + steps]
+        if short:  # a full window rolls its slots: a loop could not be redone from the prompt
+            raise ValueError(f"decode: a sliding window of {min(short)} tokens is shorter than "
+                             f"the prompt and the steps ({self.prompt} + {steps}); "
+                             f"the loop could not be rewound")
+        self.graphs: dict[str, Callable[[], None]] = {}
+
+    def _rewind(self) -> None:
+        """Every layer's length back to the prompt's: in place for a device counter (a kernel a
+        graph replays), assigned for a host one (read while a graph is captured)."""
+        for layer in self.cache.layers:
+            for name in ("cumulative_length", "cumulative_length_int"):
+                length = getattr(layer, name, None)
+                if isinstance(length, torch.Tensor):
+                    length.fill_(self.prompt)
+                elif length is not None:
+                    setattr(layer, name, self.prompt)
+
+    def run(self) -> torch.Tensor:
+        """The loop, eagerly, with whatever is installed; the last step's tokens."""
         self.model.eval()
-        long = _timed_ms(lambda: self._generate(self.new_tokens + 1), iters, self.device)
-        short = _timed_ms(lambda: self._generate(1), iters, self.device)
-        return self.per / ((long - short) / 1e3)
+        token = self.first
+        with torch.no_grad():
+            self._rewind()
+            for _ in range(self.steps):
+                logits = self.model(token, past_key_values=self.cache, use_cache=True,
+                                    logits_to_keep=1).logits
+                token = logits[:, -1:].argmax(-1)
+        return token
+
+    def replayer(self, variant: str) -> Callable[[], None]:
+        """A call that runs ``variant``'s loop: its CUDA graph's replay (captured at the first
+        call, with the variant installed), or the eager loop on a CPU."""
+        if self.device.type != "cuda":
+            return self.run
+        if variant not in self.graphs:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):  # compiles, autotunes, allocates before the capture
+                self.run()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.run()
+            self.graphs[variant] = graph.replay
+        return self.graphs[variant]
 
 
 def _summary(values: list[float]) -> dict[str, float]:
@@ -214,7 +274,7 @@ def _measure_mode(work: Workload, found: dict, runnable: list[str], args, device
         shift = rep % len(runnable)
         for v in runnable[shift:] + runnable[:shift]:
             with found[v]():
-                values[v].append(work.measure(args.iters))
+                values[v].append(work.measure(args.iters, v))
     return values, peaks
 
 
