@@ -15,6 +15,7 @@ from reference.vocabulary import check_dtype
 # Re-exported for callers that still import it from here; new code imports reference.vocabulary.
 from reference.vocabulary import check_rank  # noqa: F401
 
+MAX_GRID_X = 2**31 - 1  # CUDA's limit on gridDim.x (a Triton grid's first axis)
 MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y (a Triton grid's second axis)
 
 

@@ -323,12 +323,13 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
                 BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, num_warps=FORWARD_WARPS, **kw)
         return qo, ko
     qb, kb = triton.cdiv(g.q_heads, bq), triton.cdiv(g.k_heads, bk)
-    if qb + kb > _triton.MAX_GRID_Y:
-        raise ValueError(f"{qb + kb} head blocks exceed the grid's y limit")
+    if g.tokens * (qb + kb) > _triton.MAX_GRID_X:
+        raise ValueError(f"{g.tokens} tokens x {qb + kb} head blocks exceed the grid's x limit "
+                         f"({_triton.MAX_GRID_X} programs); split the call over the tokens")
     with _triton.device_guard(q.device):
-        K.qk_norm_rope_fwd_kernel[(g.tokens, qb + kb)](
+        K.qk_norm_rope_fwd_kernel[(g.tokens * (qb + kb),)](
             q, k, qo, ko, q_weight, k_weight, *ptrs,
-            g.seqlen, g.q_heads, g.k_heads, qb, max(g.table_rows, 1), float(eps),
+            g.seqlen, g.q_heads, g.k_heads, qb, qb + kb, max(g.table_rows, 1), float(eps),
             *_strides(q, layout), *_strides(k, layout), *_strides(qo, layout),
             *_strides(ko, layout), q_weight.stride(0), k_weight.stride(0),
             BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, num_warps=FORWARD_WARPS, **kw)

@@ -166,7 +166,7 @@ def _forward_heads(x_ptr, o_ptr, w_ptr, b, s, h0, n_heads, c1, s1, c2, s2, eps,
 @triton.jit
 def qk_norm_rope_fwd_kernel(
         q_ptr, k_ptr, qo_ptr, ko_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, inv_ptr, pos_ptr,
-        S, HQ, HK, Q_BLOCKS, rows, eps,
+        S, HQ, HK, Q_BLOCKS, BLOCKS, rows, eps,
         sqb, sqs, sqh, sqd, skb, sks, skh, skd,
         sqob, sqos, sqoh, sqod, skob, skos, skoh, skod,
         sqw, skw, tsr, tsc, psb, pss,
@@ -174,9 +174,12 @@ def qk_norm_rope_fwd_kernel(
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
         TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
         HAS_TAIL: tl.constexpr):
-    """Grid (tokens, q head blocks + k head blocks): y = RoPE(rmsnorm(x) * w) for q and k."""
-    tok = tl.program_id(0).to(tl.int64)
-    hb = tl.program_id(1)
+    """Grid (tokens * BLOCKS,), BLOCKS = q head blocks + k head blocks, a token's blocks adjacent
+    (its cos/sin row is read once from DRAM, then from L2): y = RoPE(rmsnorm(x) * w) for q and
+    k."""
+    pid = tl.program_id(0).to(tl.int64)
+    tok = pid // BLOCKS
+    hb = (pid - tok * BLOCKS).to(tl.int32)
     b = tok // S
     s = tok - b * S
     c1, s1, c2, s2 = _angles(b, s, True, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows,

@@ -45,7 +45,6 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from typing import Callable
@@ -344,15 +343,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _driver() -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "not recorded"
-    return out.splitlines()[0].strip() if out.strip() else "not recorded"
-
-
 def earlier_run(path: str, meta: dict[str, str]) -> dict | None:
     """The data file at ``path`` (None if there is none), refused with exit 2 when it holds
     another GPU's or commit's run: one table never mixes machines or trees."""
@@ -378,6 +368,8 @@ def write_data_file(path: str, rows: list[dict], meta: dict[str, str], command: 
     the provenance it checks), merged into ``path`` when that exists: its cells and commands
     kept, a cell measured again replaced. The provenance is the last run's; a run on another GPU
     or commit than the file's is refused, so one table never mixes machines."""
+    from ports.harness.env import driver_version
+
     key = ("family", "size", "mode", "variant")
     old = earlier_run(path, meta) or {"cells": [], "command": []}
     new = {tuple(r[k] for k in key) for r in rows}
@@ -395,7 +387,7 @@ def write_data_file(path: str, rows: list[dict], meta: dict[str, str], command: 
         "command": [*old["command"], command],
         "commit": meta["git_sha"],
         "gpu": meta["gpu"],
-        "driver": _driver(),
+        "driver": driver_version(),
         "versions": {m: meta[m] for m in ("torch", "triton", "transformers", "kernels",
                                           "liger_kernel")},
         "date": meta["timestamp"][:10],

@@ -110,7 +110,8 @@ def _hf_rope(x, cos, sin):
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
 
-def _unfused(q, k, qw, kw, cos, sin, gemma):
+def unfused(q, k, qw, kw, cos, sin, gemma):
+    """transformers' per-head RMSNorm of q and k, then its RoPE (the eager and compiled rows)."""
     qn, kn = _hf_norm(q, qw, EPS, gemma), _hf_norm(k, kw, EPS, gemma)
     return _hf_rope(qn, cos, sin), _hf_rope(kn, cos, sin)
 
@@ -181,9 +182,9 @@ def _rows(shape: Shape) -> list[Row]:
                           cos=cos, sin=sin, check_positions=False)
 
     def hf_eager(q, k, qw, kw, cos, sin):
-        return _unfused(q, k, qw, kw, cos[:s], sin[:s], gemma)
+        return unfused(q, k, qw, kw, cos[:s], sin[:s], gemma)
 
-    compiled = torch.compile(_unfused, fullgraph=True)
+    compiled = torch.compile(unfused, fullgraph=True)
 
     def compiled_unfused(q, k, qw, kw, cos, sin):
         return compiled(q, k, qw, kw, cos[:s], sin[:s], gemma)
@@ -247,7 +248,9 @@ def _rows(shape: Shape) -> list[Row]:
             Row("hf eager + fastrope", Q_K, direct(hf_fastrope))]
 
 
-def _inputs(shape: Shape, dtype: torch.dtype, grad: bool):
+def inputs(shape: Shape, dtype: torch.dtype, grad: bool):
+    """``(q, k, q_weight, k_weight, cos, sin)`` for ``shape`` on the GPU, seeded; full-width fp32
+    tables of ``shape.s`` rows; ``grad``: every tensor but the tables requires grad."""
     from reference.tables import rope_tables
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -318,7 +321,7 @@ def measure(shape: Shape, dtype: torch.dtype, rep_ms: int, *, check: bool = Fals
                 continue
             try:
                 grad = direction == "backward"
-                args = _inputs(shape, dtype, grad=grad)
+                args = inputs(shape, dtype, grad=grad)
                 forward_us = 0.0  # what a backward's timed step spends in its forward
                 if not grad:
                     with torch.no_grad():
@@ -403,7 +406,7 @@ def data_file(rows: list[dict], *, dtype: str, command: str, previous: dict | No
               ) -> dict:
     """A results data file (tools/results_tables.py's form) for ``rows``; ``previous`` (an
     earlier file of the same dtype) keeps its measurements of shapes not in ``rows``."""
-    from ports.harness.env import metadata
+    from ports.harness.env import driver_version, metadata
 
     meta = metadata()
     shapes = {r["shape"] for r in rows}
@@ -428,7 +431,7 @@ def data_file(rows: list[dict], *, dtype: str, command: str, previous: dict | No
         "command": commands,
         "commit": meta["git_sha"],
         "gpu": meta["gpu"],
-        "driver": _driver(),
+        "driver": driver_version(),
         "versions": {k: meta[k] for k in ("torch", "triton", "cupy", "python")},
         "date": meta["timestamp"][:10],
         "dtype": dtype,
@@ -437,17 +440,6 @@ def data_file(rows: list[dict], *, dtype: str, command: str, previous: dict | No
         "rows": cells(merged),
         "measurements": merged,
     }
-
-
-def _driver() -> str:
-    try:
-        import subprocess
-
-        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                              capture_output=True, text=True, timeout=10).stdout.split("\n")[0] \
-            or "not recorded"
-    except Exception:
-        return "not recorded"
 
 
 # Launch settings of ports.fastrope.qknorm that ``--set`` may override (module constants).
