@@ -327,7 +327,7 @@ def test_token_norm_backward_several_tokens_per_program(monkeypatch):
     a partial block): correct, and the weight gradients bitwise equal from run to run."""
     monkeypatch.setattr(qknr, "LONG_RUN_MIN_TOKENS", 1)
     monkeypatch.setattr(qknr, "LONG_RUN_TOKENS", 8)
-    monkeypatch.setattr(qknr, "MAX_BLOCK_ELEMENTS_BWD", 16)
+    monkeypatch.setattr(qknr, "TOKEN_BWD_BLOCK_ELEMENTS", 16)
     c = Case(b=3, s=7, hq=3, hk=2, d=8, asymmetric=True, norm="token")
     first = check_backward(c)
     second = check_backward(c)
@@ -538,12 +538,13 @@ def signature(fn, dtype, consts):
     return {n: "constexpr" if n in consts else "*" + dtype if n in POINTERS
             else types.get(n, "i32") for n in fn.arg_names}
 
-for fn, extra, elements in (
-        (K.qk_norm_rope_fwd_kernel, {}, Q.MAX_BLOCK_ELEMENTS),
-        (K.qk_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS}, None),
-        (K.qk_token_norm_rope_fwd_kernel, {}, Q.MAX_BLOCK_ELEMENTS),
+for fn, extra, elements, warps in (
+        (K.qk_norm_rope_fwd_kernel, {}, Q.HEAD_FWD_BLOCK_ELEMENTS, Q.HEAD_FWD_WARPS),
+        (K.qk_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS}, None,
+         Q.BACKWARD_WARPS),
+        (K.qk_token_norm_rope_fwd_kernel, {}, Q.TOKEN_FWD_BLOCK_ELEMENTS, Q.TOKEN_FWD_WARPS),
         (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS},
-         Q.MAX_BLOCK_ELEMENTS_BWD)):
+         Q.TOKEN_BWD_BLOCK_ELEMENTS, Q.BACKWARD_WARPS)):
     for dtype, table, interleaved, tail in (("bf16", K.TABLE_HALF, False, False),
                                             ("fp16", K.TABLE_COMPUTED, True, True),
                                             ("fp32", K.TABLE_FULL, False, True)):
@@ -555,7 +556,7 @@ for fn, extra, elements in (
                       INTERLEAVED=interleaved, TABLE=table,
                       HAS_POS=tail, GEMMA=tail, HAS_TAIL=tail, **extra)
         k = triton.compile(ASTSource(fn, signature(fn, dtype, consts), consts),
-                           target=GPUTarget("cuda", 90, 32))
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
         ptxas = shutil.which("ptxas")
         if ptxas:
             with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:

@@ -1,18 +1,25 @@
-"""qk_norm_rope's forward launch settings swept on the qknorm suite's shapes (needs a GPU).
+"""qk_norm_rope's launch settings swept on the qknorm suite's shapes (needs a GPU).
 
-For each shape (bf16, Qwen3's per-head norm; the suite's inputs) every pair of the module's
-``MAX_BLOCK_ELEMENTS`` (heads per program * head_dim) and ``FORWARD_WARPS`` that gives a thread
-4 to 64 elements is timed out of place and in place, beside torch.compile of the unfused pair
-(the suite's row, a fresh compile cache per shape) and a copy of the bytes the forward moves
-(q and k read and written). CUDA-graph us, the minimum of 3 interleaved medians. Each setting's
-outputs are checked against the module default's first: equal to within one bf16 rounding
-(the sum of squares' order follows the block's layout). A results data file with ``--json``:
+For each shape (bf16, Qwen3's per-head norm; the suite's inputs) each setting of the module's
+launch constants is timed, beside torch.compile of the unfused pair (the suite's row, a fresh
+compile cache per shape) and a copy of the bytes the direction moves. The forward sweeps
+``HEAD_FWD_BLOCK_ELEMENTS`` (heads per program * head_dim) and ``HEAD_FWD_WARPS``, 4 to 64
+elements a thread, out of place and in place (q and k read and written); the backward sweeps
+the 16-bit ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS`` and ``LONG_RUN_TOKENS`` (tokens a
+program), timed as a forward + backward step captured in one graph minus the forward alone (dy,
+q and k read, dq and dk written). CUDA-graph us, the minimum of 3 interleaved medians. Each
+setting's results are checked against the module default's first: dq, dk and the outputs to one
+bf16 ulp (the sum of squares' order follows the block), the weight gradients to one bf16 ulp of
+their largest element (their sums' order follows the blocks and tokens). A results data file
+with ``--json``:
 
-    python -m tools.qknorm_launch_sweep [--shapes NAME ...] [--json FILE] [--commit SHA]
+    python -m tools.qknorm_launch_sweep [--direction forward|backward] [--shapes NAME ...]
+        [--json FILE] [--commit SHA]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import shlex
@@ -26,63 +33,127 @@ from ports.harness.env import driver_version, metadata
 from ports.harness.timing import copy_us, graph_median_us
 from tools._probe_kit import min_of_interleaved
 
-BLOCK_ELEMENTS = (512, 1024, 2048, 4096, 8192)
-WARPS = (1, 2, 4, 8, 16)
-COLUMNS = ["shape", "block elements", "warps", "out of place (us)", "% copy", "in place (us)",
-           "% copy"]
+SHAPES = ["decode 64 tokens", "qwen3-8b prefill 4k", "qwen3-8b train 4x4k",
+          "qwen3-8b prefill 32k"]
 
 
-def settings():
-    """The (block elements, warps) pairs timed: 4 to 64 elements a thread."""
-    return [(e, w) for e, w in itertools.product(BLOCK_ELEMENTS, WARPS) if 4 <= e // (32 * w) <= 64]
+def forward_settings() -> list[tuple[int, int]]:
+    """(block elements, warps) pairs: 4 to 64 elements a thread."""
+    return [(e, w) for e, w in itertools.product((512, 1024, 2048, 4096, 8192), (1, 2, 4, 8, 16))
+            if 4 <= e // (32 * w) <= 64]
 
 
-def _with(block, warps, fn):
-    """``fn`` run under the module's launch settings ``block``, ``warps`` (restored after)."""
+def backward_settings() -> list[tuple[int, int, int]]:
+    """(block elements, warps, tokens a program) triples."""
+    return list(itertools.product((512, 1024, 2048), (4, 8), (4, 16, 32)))
+
+
+@contextlib.contextmanager
+def launch_settings(direction: str, setting: tuple[int, ...]):
+    """The module's launch constants set to ``setting`` for ``direction`` (restored after)."""
+    saved = (qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS,
+             dict(qknorm.HEAD_BWD_BLOCK_ELEMENTS), qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS)
+    if direction == "forward":
+        qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS = setting
+    else:
+        qknorm.HEAD_BWD_BLOCK_ELEMENTS = {**saved[2], 2: setting[0]}
+        qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS = setting[1:]
+    try:
+        yield
+    finally:
+        (qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS, qknorm.HEAD_BWD_BLOCK_ELEMENTS,
+         qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS) = saved
+
+
+def default_setting(direction: str) -> tuple[int, ...]:
+    if direction == "forward":
+        return qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS
+    return qknorm.HEAD_BWD_BLOCK_ELEMENTS[2], qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS
+
+
+def _under(direction, setting, fn):
     def call():
-        saved = qknorm.MAX_BLOCK_ELEMENTS, qknorm.FORWARD_WARPS
-        qknorm.MAX_BLOCK_ELEMENTS, qknorm.FORWARD_WARPS = block, warps
-        try:
+        with launch_settings(direction, setting):
             return fn()
-        finally:
-            qknorm.MAX_BLOCK_ELEMENTS, qknorm.FORWARD_WARPS = saved
     return call
 
 
-def sweep(shape) -> tuple[list[list[str]], float, float]:
-    """(rows, copy us, compiled unfused us) of one shape."""
-    q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=False)
-    qi, ki = q.clone(), k.clone()
+def _check(results, ref, weights: int) -> None:
+    """One bf16 ulp (2^-7 relative); the last ``weights`` tensors to one ulp of their largest."""
+    for i, (r, e) in enumerate(zip(results, ref)):
+        r, e = r.float(), e.float()
+        floor = 2**-7 * float(e.abs().max()) if i >= len(ref) - weights else 2**-8
+        torch.testing.assert_close(r, e, rtol=2**-7, atol=floor)
+
+
+def sweep(shape, direction: str) -> tuple[list[list[str]], float, float]:
+    """(rows, copy us, compiled unfused us) of one shape in one direction."""
+    backward = direction == "backward"
+    q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=backward)
     eps = bench.EPS
-    ref = qknorm.qk_norm_rope(q, k, qw, kw, eps, cos=cos, sin=sin)
-    calls = {}
-    for block, warps in settings():
-        out = _with(block, warps, lambda: qknorm.qk_norm_rope(q, k, qw, kw, eps, cos=cos,
-                                                               sin=sin))()
-        for o, r in zip(out, ref):  # one bf16 ulp apart at most: 2^-7 of the magnitude
-            torch.testing.assert_close(o.float(), r.float(), rtol=2**-7, atol=2**-8)
-        calls[block, warps, "out"] = _with(block, warps, lambda: qknorm.qk_norm_rope(
-            q, k, qw, kw, eps, cos=cos, sin=sin))
-        calls[block, warps, "in"] = _with(block, warps, lambda: qknorm.qk_norm_rope_inplace(
-            qi, ki, qw, kw, eps, cos=cos, sin=sin))
+
+    def fwd():
+        return qknorm.qk_norm_rope(q, k, qw, kw, eps, cos=cos, sin=sin)
+
     torch._dynamo.reset()
     compiled = torch.compile(bench.unfused, fullgraph=True)
     tables = cos[:shape.s], sin[:shape.s]
-    calls["compiled"] = lambda: compiled(q, k, qw, kw, *tables, shape.gemma)
-    calls["compiled"]()
+
+    def fwd_compiled():
+        return compiled(q, k, qw, kw, *tables, shape.gemma)
+
+    calls, settings = {}, backward_settings() if backward else forward_settings()
+    if backward:
+        gen = torch.Generator(device="cuda").manual_seed(1)
+        grads = [torch.randn(o.shape, device="cuda", generator=gen).to(o.dtype) for o in fwd()]
+
+        def step(f):
+            return lambda: torch.autograd.grad(f(), (q, k, qw, kw), grads)
+
+        ref = step(fwd)()
+        for s in settings:
+            _check(_under(direction, s, step(fwd))(), ref, weights=2)
+            calls[s, "step"] = _under(direction, s, step(fwd))
+        calls["fwd"], calls["compiled step"], calls["compiled fwd"] = (
+            fwd, step(fwd_compiled), fwd_compiled)
+        moved = 3 * (q.numel() + k.numel()) * q.element_size() // 2  # copy_us moves 2x this
+    else:
+        qi, ki = q.clone(), k.clone()
+        ref = fwd()
+        for s in settings:
+            _check(_under(direction, s, fwd)(), ref, weights=0)
+            calls[s, "out"] = _under(direction, s, fwd)
+            calls[s, "in"] = _under(direction, s, lambda: qknorm.qk_norm_rope_inplace(
+                qi, ki, qw, kw, eps, cos=cos, sin=sin))
+        calls["compiled"] = fwd_compiled
+        moved = (q.numel() + k.numel()) * q.element_size()
+    for f in calls.values():
+        f()  # compile, autotune outside the capture
     us = min_of_interleaved(calls, timer=lambda f: graph_median_us(f, rep_ms=40))
-    copy = copy_us((q.numel() + k.numel()) * q.element_size(), graph=True)
-    rows = [[shape.name, str(b), str(w), f"{us[b, w, 'out']:.1f}",
-             f"{100 * copy / us[b, w, 'out']:.0f}%", f"{us[b, w, 'in']:.1f}",
-             f"{100 * copy / us[b, w, 'in']:.0f}%"] for b, w in settings()]
-    return rows, copy, us["compiled"]
+    copy = copy_us(moved, graph=True)
+
+    def pct(t):
+        return f"{100 * copy / t:.0f}%"
+
+    rows = []
+    for s in settings:
+        times = [us[s, "step"] - us["fwd"]] if backward else [us[s, "out"], us[s, "in"]]
+        rows.append([shape.name, *map(str, s)] + [c for t in times for c in (f"{t:.1f}", pct(t))])
+    compiled_us = (us["compiled step"] - us["compiled fwd"]) if backward else us["compiled"]
+    return rows, copy, compiled_us
+
+
+COLUMNS = {"forward": ["shape", "block elements", "warps", "out of place (us)", "% copy",
+                       "in place (us)", "% copy"],
+           "backward": ["shape", "block elements", "warps", "tokens a program", "backward (us)",
+                        "% copy"]}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.qknorm_launch_sweep",
                                  description=__doc__.split("\n")[0])
-    ap.add_argument("--shapes", nargs="*", default=["decode 64 tokens", "qwen3-8b prefill 4k",
-                                                   "qwen3-8b train 4x4k", "qwen3-8b prefill 32k"])
+    ap.add_argument("--direction", choices=("forward", "backward"), default="forward")
+    ap.add_argument("--shapes", nargs="*", default=SHAPES)
     ap.add_argument("--json", help="write a results data file here")
     ap.add_argument("--commit", help="the tree's commit, where the checkout's git is not it")
     args = ap.parse_args(argv)
@@ -90,9 +161,10 @@ def main(argv=None) -> int:
     bad = [n for n in args.shapes if n not in known]
     if bad:
         ap.error(f"unknown shape {', '.join(bad)}; known: {', '.join(known)}")
+    default = default_setting(args.direction)
     rows, notes = [], []
     for name in args.shapes:
-        shape_rows, copy, compiled = sweep(known[name])
+        shape_rows, copy, compiled = sweep(known[name], args.direction)
         rows += shape_rows
         notes.append(f"{name}: copy {copy:.1f} us, torch.compile of the unfused pair "
                      f"{compiled:.1f} us")
@@ -100,16 +172,17 @@ def main(argv=None) -> int:
     if args.json:
         meta = metadata()
         data = {
-            "document": "results/README.md", "section": "qk_norm_rope's forward launch settings",
-            "context": (f"{__doc__.split(chr(10) + chr(10))[1]} The module's defaults at the "
-                        f"time: {qknorm.MAX_BLOCK_ELEMENTS} elements, {qknorm.FORWARD_WARPS} "
-                        f"warps. " + "; ".join(notes) + "."),
+            "document": "results/README.md",
+            "section": f"qk_norm_rope's {args.direction} launch settings",
+            "context": (" ".join(__doc__.split("\n\n")[1].split()) + f" The {args.direction}'s "
+                        f"setting in the module at the time: {default}. " + "; ".join(notes)
+                        + "."),
             "command": [shlex.join(["python", "-m", "tools.qknorm_launch_sweep",
                                     *(sys.argv[1:] if argv is None else argv)])],
             "commit": args.commit or meta["git_sha"], "gpu": meta["gpu"],
             "driver": driver_version(),
             "versions": {k: meta[k] for k in ("torch", "triton", "cupy")},
-            "date": meta["timestamp"][:10], "columns": COLUMNS, "rows": rows,
+            "date": meta["timestamp"][:10], "columns": COLUMNS[args.direction], "rows": rows,
         }
         with open(args.json, "w") as f:
             json.dump(data, f, indent=1)

@@ -96,11 +96,19 @@ from reference.vocabulary import (BSH_AXES, INDEX_DTYPES, KERNEL_TORCH_DTYPES,
 
 NAMESPACE = "fastrope"
 MAX_HEAD_DIM = 1024        # one head row held in registers
-MAX_BLOCK_ELEMENTS = 2048  # forward: heads per program * head_dim (16 elements a thread at 4 warps)
+# The per-head forward's block (heads per program * head_dim) and warps: 512 elements, one
+# warp (16 elements a thread), with a token's head blocks adjacent in the grid. Swept on the H100
+# at Qwen3-8B's 32/8 heads of 128, bf16 (tools/qknorm_launch_sweep.py, results/README.md,
+# 2026-11-27): the fastest out of place at 4096, 4 x 4096 and 32768 tokens (28.5, 112.2, 234.9 us
+# against 31.2, 116.5, 257.1 at 2048 elements and 4 warps), in place within 1% of the fastest.
+HEAD_FWD_BLOCK_ELEMENTS = 512
+HEAD_FWD_WARPS = 1
+# The token-norm forward's block: 16 elements a thread at TOKEN_FWD_WARPS = 4 (not swept).
+TOKEN_FWD_BLOCK_ELEMENTS = 2048
 # The backward holds x, dy, the weight and the partial sums: a quarter of the forward's block
 # (at 1024 an fp32 head of 96 channels, padded to 128, spilled registers on sm_90). This is the
 # token-norm backward's; the per-head backward's is HEAD_BWD_BLOCK_ELEMENTS.
-MAX_BLOCK_ELEMENTS_BWD = 512
+TOKEN_BWD_BLOCK_ELEMENTS = 512
 # The per-head backward's block by element size. 16-bit: 1024 (8 heads of 128), measured on the
 # H100 at Qwen3-8B's 32/8 heads, bf16: 4096 tokens 94.0 -> 86.9 us, 4 x 4096 272.9 -> 231.2 us
 # against 512 (results/README.md, 2026-11-27); fp32 holds twice the registers per element: 256,
@@ -108,9 +116,9 @@ MAX_BLOCK_ELEMENTS_BWD = 512
 HEAD_BWD_BLOCK_ELEMENTS = {2: 1024, 4: 256}
 LONG_RUN_TOKENS = 16        # backward tokens per program once there are enough programs anyway,
 LONG_RUN_MIN_TOKENS = 1024  # that is from this many tokens (64 groups of 16)
-# Warps per program. These four settings are first guesses, not yet measured on a GPU:
-# ptxas gives the forward 64-96 registers and the backward 126, with no spill, on sm_90.
-FORWARD_WARPS = 4
+# Warps per program of the token-norm forward and of both backwards: first guesses, ptxas gives
+# the forward 64-96 registers and the backward 126, with no spill, on sm_90.
+TOKEN_FWD_WARPS = 4
 BACKWARD_WARPS = 4
 
 
@@ -311,17 +319,19 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
     if g.tokens == 0 or g.q_heads + g.k_heads == 0:
         return qo, ko
     ptrs, kw = _common(g, q, cos, sin, positions, base)
-    bq = _block_heads(g.q_heads, g.head_dim, MAX_BLOCK_ELEMENTS)
-    bk = _block_heads(g.k_heads, g.head_dim, MAX_BLOCK_ELEMENTS)
     if g.norm == "token":
+        bq = _block_heads(g.q_heads, g.head_dim, TOKEN_FWD_BLOCK_ELEMENTS)
+        bk = _block_heads(g.k_heads, g.head_dim, TOKEN_FWD_BLOCK_ELEMENTS)
         with _triton.device_guard(q.device):
             K.qk_token_norm_rope_fwd_kernel[(g.tokens, 2)](
                 q, k, qo, ko, q_weight, k_weight, *ptrs,
                 g.seqlen, g.q_heads, g.k_heads, max(g.table_rows, 1), float(eps),
                 *_strides(q, layout), *_strides(k, layout), *_strides(qo, layout),
                 *_strides(ko, layout), q_weight.stride(0), k_weight.stride(0),
-                BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, num_warps=FORWARD_WARPS, **kw)
+                BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, num_warps=TOKEN_FWD_WARPS, **kw)
         return qo, ko
+    bq = _block_heads(g.q_heads, g.head_dim, HEAD_FWD_BLOCK_ELEMENTS)
+    bk = _block_heads(g.k_heads, g.head_dim, HEAD_FWD_BLOCK_ELEMENTS)
     qb, kb = triton.cdiv(g.q_heads, bq), triton.cdiv(g.k_heads, bk)
     if g.tokens * (qb + kb) > _triton.MAX_GRID_X:
         raise ValueError(f"{g.tokens} tokens x {qb + kb} head blocks exceed the grid's x limit "
@@ -332,7 +342,7 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
             g.seqlen, g.q_heads, g.k_heads, qb, qb + kb, max(g.table_rows, 1), float(eps),
             *_strides(q, layout), *_strides(k, layout), *_strides(qo, layout),
             *_strides(ko, layout), q_weight.stride(0), k_weight.stride(0),
-            BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, num_warps=FORWARD_WARPS, **kw)
+            BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, num_warps=HEAD_FWD_WARPS, **kw)
     return qo, ko
 
 
@@ -355,7 +365,7 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
                              f"input {tuple(x.shape)} {dtype_name(x.dtype)}")
     dq = _alloc.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = _alloc.empty(k.shape, dtype=k.dtype, device=k.device)
-    elements = (MAX_BLOCK_ELEMENTS_BWD if g.norm == "token"
+    elements = (TOKEN_BWD_BLOCK_ELEMENTS if g.norm == "token"
                 else HEAD_BWD_BLOCK_ELEMENTS[q.element_size()])
     bq = _block_heads(g.q_heads, g.head_dim, elements)
     bk = _block_heads(g.k_heads, g.head_dim, elements)
@@ -371,11 +381,13 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
     qpart = _alloc.empty((groups * qb, g.head_dim), dtype=torch.float32, device=q.device)
     kpart = _alloc.empty((groups * kb, g.head_dim), dtype=torch.float32, device=q.device)
     if g.tokens and qb + kb:
-        if qb + kb > _triton.MAX_GRID_Y:
-            raise ValueError(f"{qb + kb} head blocks exceed the grid's y limit")
+        if groups * (qb + kb) > _triton.MAX_GRID_X:
+            raise ValueError(f"{groups} token groups x {qb + kb} head blocks exceed the grid's "
+                             f"x limit ({_triton.MAX_GRID_X} programs); split the call over the "
+                             f"tokens")
         ptrs, kw = _common(g, q, cos, sin, positions, base)
         with _triton.device_guard(q.device):
-            K.qk_norm_rope_bwd_kernel[(groups, qb + kb)](
+            K.qk_norm_rope_bwd_kernel[(groups * (qb + kb),)](
                 q, k, dq_out, dk_out, dq, dk, q_weight, k_weight, qpart, kpart, *ptrs,
                 g.tokens, g.seqlen, g.q_heads, g.k_heads, qb, kb, max(g.table_rows, 1),
                 float(eps), *_strides(q, layout), *_strides(k, layout),
