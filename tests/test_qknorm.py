@@ -279,7 +279,8 @@ def test_backward_several_tokens_per_program_is_deterministic(monkeypatch):
     blocks of 2 (3 q heads: a partial block): correct, and the weight gradients bitwise equal
     from run to run."""
     monkeypatch.setattr(qknr, "LONG_RUN_MIN_TOKENS", 1)
-    monkeypatch.setattr(qknr, "HEAD_BWD_BLOCK_ELEMENTS", {2: 16, 4: 16})
+    monkeypatch.setattr(qknr, "HEAD_BWD_BLOCK_ELEMENTS",
+                        dict.fromkeys(qknr.HEAD_BWD_BLOCK_ELEMENTS, 16))
     c = Case(b=3, s=7, hq=3, hk=1, d=8, asymmetric=True)  # 21 tokens: 3 groups, the last of 5
     first = check_backward(c)
     second = check_backward(c)
@@ -548,7 +549,7 @@ for fn, extra, elements, warps in (
     for dtype, table, interleaved, tail in (("bf16", K.TABLE_HALF, False, False),
                                             ("fp16", K.TABLE_COMPUTED, True, True),
                                             ("fp32", K.TABLE_FULL, False, True)):
-        block = elements or Q.HEAD_BWD_BLOCK_ELEMENTS[4 if dtype == "fp32" else 2]
+        block = elements or Q.HEAD_BWD_BLOCK_ELEMENTS[4 if dtype == "fp32" else 2, tail]
         consts = dict(D=96 if tail else 128, HALF=24 if tail else 64,
                       PAIR_BLOCK=32 if tail else 64, TAIL_BLOCK=64 if tail else 1,
                       BLOCK_HQ=Q._block_heads(32, 96 if tail else 128, block),

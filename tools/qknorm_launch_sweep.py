@@ -5,9 +5,9 @@ launch constants is timed, beside torch.compile of the unfused pair (the suite's
 compile cache per shape) and a copy of the bytes the direction moves. The forward sweeps
 ``HEAD_FWD_BLOCK_ELEMENTS`` (heads per program * head_dim) and ``HEAD_FWD_WARPS``, 4 to 64
 elements a thread, out of place and in place (q and k read and written); the backward sweeps
-the 16-bit ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS`` and ``LONG_RUN_TOKENS`` (tokens a
-program), timed as a forward + backward step captured in one graph minus the forward alone (dy,
-q and k read, dq and dk written). CUDA-graph us, the minimum of 3 interleaved medians. Each
+the 16-bit full-rotary ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS`` and ``LONG_RUN_TOKENS``
+(tokens a program), timed as a forward + backward step captured in one graph minus the
+forward alone (dy, q and k read, dq and dk written). CUDA-graph us, the minimum of 3 interleaved medians. Each
 setting's results are checked against the module default's first: dq, dk and the outputs to one
 bf16 ulp (the sum of squares' order follows the block), the weight gradients to one bf16 ulp of
 their largest element (their sums' order follows the blocks and tokens). A results data file
@@ -56,7 +56,7 @@ def launch_settings(direction: str, setting: tuple[int, ...]):
     if direction == "forward":
         qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS = setting
     else:
-        qknorm.HEAD_BWD_BLOCK_ELEMENTS = {**saved[2], 2: setting[0]}
+        qknorm.HEAD_BWD_BLOCK_ELEMENTS = {**saved[2], (2, False): setting[0]}
         qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS = setting[1:]
     try:
         yield
@@ -68,7 +68,8 @@ def launch_settings(direction: str, setting: tuple[int, ...]):
 def default_setting(direction: str) -> tuple[int, ...]:
     if direction == "forward":
         return qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS
-    return qknorm.HEAD_BWD_BLOCK_ELEMENTS[2], qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS
+    return (qknorm.HEAD_BWD_BLOCK_ELEMENTS[2, False], qknorm.BACKWARD_WARPS,
+            qknorm.LONG_RUN_TOKENS)
 
 
 def _under(direction, setting, fn):

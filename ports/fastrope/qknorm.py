@@ -109,11 +109,13 @@ TOKEN_FWD_BLOCK_ELEMENTS = 2048
 # (at 1024 an fp32 head of 96 channels, padded to 128, spilled registers on sm_90). This is the
 # token-norm backward's; the per-head backward's is HEAD_BWD_BLOCK_ELEMENTS.
 TOKEN_BWD_BLOCK_ELEMENTS = 512
-# The per-head backward's block by element size. 16-bit: 1024 (8 heads of 128), measured on the
-# H100 at Qwen3-8B's 32/8 heads, bf16: 4096 tokens 94.0 -> 86.9 us, 4 x 4096 272.9 -> 231.2 us
-# against 512 (results/README.md, 2026-11-27); fp32 holds twice the registers per element: 256,
-# the most that compiles for sm_90 without a spill.
-HEAD_BWD_BLOCK_ELEMENTS = {2: 1024, 4: 256}
+# The per-head backward's block by (element size, whether the head has an unrotated tail).
+# 16-bit: 2048 (16 heads of 128), swept on the H100 at Qwen3-8B's 32/8 heads, bf16, 16 tokens a
+# program and 4 warps (tools/qknorm_launch_sweep.py, results/README.md, 2026-11-27): 4096 tokens
+# 86.2 -> 76.0 us, 4 x 4096 229.9 -> 213.5, 32768 449.8 -> 414.6 against 1024. ptxas gives it
+# 252-255 registers on sm_90; with a tail (partial rotary) that spills, so 1024 there. fp32 holds
+# twice the registers per element: 256, the most that compiles without a spill.
+HEAD_BWD_BLOCK_ELEMENTS = {(2, False): 2048, (2, True): 1024, (4, False): 256, (4, True): 256}
 LONG_RUN_TOKENS = 16        # backward tokens per program once there are enough programs anyway,
 LONG_RUN_MIN_TOKENS = 1024  # that is from this many tokens (64 groups of 16)
 # Warps per program of the token-norm forward and of both backwards: first guesses, ptxas gives
@@ -366,7 +368,7 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
     dq = _alloc.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = _alloc.empty(k.shape, dtype=k.dtype, device=k.device)
     elements = (TOKEN_BWD_BLOCK_ELEMENTS if g.norm == "token"
-                else HEAD_BWD_BLOCK_ELEMENTS[q.element_size()])
+                else HEAD_BWD_BLOCK_ELEMENTS[q.element_size(), g.rotary_dim < g.head_dim])
     bq = _block_heads(g.q_heads, g.head_dim, elements)
     bk = _block_heads(g.k_heads, g.head_dim, elements)
     qb, kb = triton.cdiv(g.q_heads, bq), triton.cdiv(g.k_heads, bk)
@@ -381,13 +383,11 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
     qpart = _alloc.empty((groups * qb, g.head_dim), dtype=torch.float32, device=q.device)
     kpart = _alloc.empty((groups * kb, g.head_dim), dtype=torch.float32, device=q.device)
     if g.tokens and qb + kb:
-        if groups * (qb + kb) > _triton.MAX_GRID_X:
-            raise ValueError(f"{groups} token groups x {qb + kb} head blocks exceed the grid's "
-                             f"x limit ({_triton.MAX_GRID_X} programs); split the call over the "
-                             f"tokens")
+        if qb + kb > _triton.MAX_GRID_Y:
+            raise ValueError(f"{qb + kb} head blocks exceed the grid's y limit")
         ptrs, kw = _common(g, q, cos, sin, positions, base)
         with _triton.device_guard(q.device):
-            K.qk_norm_rope_bwd_kernel[(groups * (qb + kb),)](
+            K.qk_norm_rope_bwd_kernel[(groups, qb + kb)](
                 q, k, dq_out, dk_out, dq, dk, q_weight, k_weight, qpart, kpart, *ptrs,
                 g.tokens, g.seqlen, g.q_heads, g.k_heads, qb, kb, max(g.table_rows, 1),
                 float(eps), *_strides(q, layout), *_strides(k, layout),

@@ -264,12 +264,13 @@ def qk_norm_rope_bwd_kernel(
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
         TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr,
         TOKENS_PER_PROGRAM: tl.constexpr):
-    """Grid (token groups * (Q_BLOCKS + K_BLOCKS),), a group's head blocks adjacent (as the
-    forward's): dq, dk and the weight-gradient partial rows (q: row ``group * Q_BLOCKS +
-    block``; k likewise with K_BLOCKS)."""
-    pid = tl.program_id(0).to(tl.int64)
-    grp = pid // (Q_BLOCKS + K_BLOCKS)
-    hb = (pid - grp * (Q_BLOCKS + K_BLOCKS)).to(tl.int32)
+    """Grid (token groups, q head blocks + k head blocks): dq, dk and the weight-gradient
+    partial rows (q: row ``group * Q_BLOCKS + block``; k likewise with K_BLOCKS). A head block's
+    groups are adjacent here, unlike the forward's grid: with a group's head blocks adjacent
+    instead, the backward took 7% longer at Qwen3-8B's 4 x 4096 tokens (H100, bf16, 2048
+    elements, 16 tokens a program: 228.9 against 213.5 us in one run)."""
+    grp = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
     tok0 = grp * TOKENS_PER_PROGRAM
     if hb < Q_BLOCKS:
         _backward_heads(q_ptr, gq_ptr, dq_ptr, qw_ptr, qpart_ptr, grp * Q_BLOCKS + hb, tok0, T,
