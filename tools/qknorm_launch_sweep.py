@@ -7,8 +7,8 @@ compile cache per shape) and a copy of the bytes the direction moves. The forwar
 elements a thread, out of place and in place (q and k read and written); the backward sweeps
 the 16-bit full-rotary ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS`` and ``LONG_RUN_TOKENS``
 (tokens a program), timed as a forward + backward step captured in one graph minus the
-forward alone (dy, q and k read, dq and dk written). CUDA-graph us, the minimum of 3 interleaved medians. Each
-setting's results are checked against the module default's first: dq, dk and the outputs to one
+forward alone (dy, q and k read, dq and dk written). CUDA-graph us, the minimum of 3
+interleaved medians. Each setting's results are checked against the module default's first: dq, dk and the outputs to one
 bf16 ulp (the sum of squares' order follows the block), the weight gradients to one bf16 ulp of
 their largest element (their sums' order follows the blocks and tokens). A results data file
 with ``--json``:
