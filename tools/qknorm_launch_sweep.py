@@ -4,14 +4,14 @@ For each shape (bf16, Qwen3's per-head norm; the suite's inputs) each setting of
 launch constants is timed, beside torch.compile of the unfused pair (the suite's row, a fresh
 compile cache per shape) and a copy of the bytes the direction moves. The forward sweeps
 ``HEAD_FWD_BLOCK_ELEMENTS`` (heads per program * head_dim) and ``HEAD_FWD_WARPS``, 4 to 64
-elements a thread, out of place and in place (q and k read and written); the backward sweeps
-the 16-bit full-rotary ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS`` and ``LONG_RUN_TOKENS``
-(tokens a program), timed as a forward + backward step captured in one graph minus the
-forward alone (dy, q and k read, dq and dk written). CUDA-graph us, the minimum of 3
-interleaved medians. Each setting's results are checked against the module default's first: dq, dk and the outputs to one
-bf16 ulp (the sum of squares' order follows the block), the weight gradients to one bf16 ulp of
-their largest element (their sums' order follows the blocks and tokens). A results data file
-with ``--json``:
+elements a thread, out of place and in place (q and k read and written); the backward sweeps the
+16-bit full-rotary ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS`` and ``LONG_RUN_TOKENS``
+(tokens a program), timed as a forward + backward step captured in one graph minus the forward
+alone (dy, q and k read, dq and dk written). CUDA-graph us, the minimum of 3 interleaved
+medians. Each setting's results are checked against the module default's first: dq, dk and the
+outputs to one bf16 ulp (the sum of squares' order follows the block), the weight gradients to
+one bf16 ulp of their largest element (their sums' order follows the blocks and tokens). A
+results data file with ``--json``:
 
     python -m tools.qknorm_launch_sweep [--direction forward|backward] [--shapes NAME ...]
         [--json FILE] [--commit SHA]
