@@ -541,8 +541,8 @@ def signature(fn, dtype, consts):
 
 for fn, extra, elements, warps in (
         (K.qk_norm_rope_fwd_kernel, {}, Q.HEAD_FWD_BLOCK_ELEMENTS, Q.HEAD_FWD_WARPS),
-        (K.qk_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS}, None,
-         Q.BACKWARD_WARPS),
+        (K.qk_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS,
+                                     "STAGES": Q.BACKWARD_STAGES}, None, Q.BACKWARD_WARPS),
         (K.qk_token_norm_rope_fwd_kernel, {}, Q.TOKEN_FWD_BLOCK_ELEMENTS, Q.TOKEN_FWD_WARPS),
         (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS},
          Q.TOKEN_BWD_BLOCK_ELEMENTS, Q.BACKWARD_WARPS)):

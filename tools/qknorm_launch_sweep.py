@@ -5,13 +5,13 @@ launch constants is timed, beside torch.compile of the unfused pair (the suite's
 compile cache per shape) and a copy of the bytes the direction moves. The forward sweeps
 ``HEAD_FWD_BLOCK_ELEMENTS`` (heads per program * head_dim) and ``HEAD_FWD_WARPS``, 4 to 64
 elements a thread, out of place and in place (q and k read and written); the backward sweeps the
-16-bit full-rotary ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS`` and ``LONG_RUN_TOKENS``
-(tokens a program), timed as a forward + backward step captured in one graph minus the forward
-alone (dy, q and k read, dq and dk written). CUDA-graph us, the minimum of 3 interleaved
-medians. Each setting's results are checked against the module default's first: dq, dk and the
-outputs to one bf16 ulp (the sum of squares' order follows the block), the weight gradients to
-one bf16 ulp of their largest element (their sums' order follows the blocks and tokens). A
-results data file with ``--json``:
+16-bit full-rotary ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS``, ``LONG_RUN_TOKENS`` (tokens
+a program) and ``BACKWARD_STAGES`` (the token loop's software-pipelining stages), timed as a
+forward + backward step captured in one graph minus the forward alone (dy, q and k read, dq and
+dk written). CUDA-graph us, the minimum of 3 interleaved medians. Each setting's results are
+checked against the module default's first: dq, dk and the outputs to one bf16 ulp (the sum of
+squares' order follows the block), the weight gradients to one bf16 ulp of their largest element
+(their sums' order follows the blocks and tokens). A results data file with ``--json``:
 
     python -m tools.qknorm_launch_sweep [--direction forward|backward] [--shapes NAME ...]
         [--json FILE] [--commit SHA]
@@ -43,33 +43,35 @@ def forward_settings() -> list[tuple[int, int]]:
             if 4 <= e // (32 * w) <= 64]
 
 
-def backward_settings() -> list[tuple[int, int, int]]:
-    """(block elements, warps, tokens a program) triples."""
-    return list(itertools.product((512, 1024, 2048), (4, 8), (4, 16, 32)))
+def backward_settings() -> list[tuple[int, int, int, int]]:
+    """(block elements, warps, tokens a program, stages): 512 elements and 4 tokens a program,
+    slower than these everywhere on the H100 at e7b9d9e, are left out."""
+    return list(itertools.product((1024, 2048), (4, 8), (16, 32), (1, 2, 3)))
 
 
 @contextlib.contextmanager
 def launch_settings(direction: str, setting: tuple[int, ...]):
     """The module's launch constants set to ``setting`` for ``direction`` (restored after)."""
     saved = (qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS,
-             dict(qknorm.HEAD_BWD_BLOCK_ELEMENTS), qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS)
+             dict(qknorm.HEAD_BWD_BLOCK_ELEMENTS), qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS,
+             qknorm.BACKWARD_STAGES)
     if direction == "forward":
         qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS = setting
     else:
         qknorm.HEAD_BWD_BLOCK_ELEMENTS = {**saved[2], (2, False): setting[0]}
-        qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS = setting[1:]
+        qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS, qknorm.BACKWARD_STAGES = setting[1:]
     try:
         yield
     finally:
         (qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS, qknorm.HEAD_BWD_BLOCK_ELEMENTS,
-         qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS) = saved
+         qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS, qknorm.BACKWARD_STAGES) = saved
 
 
 def default_setting(direction: str) -> tuple[int, ...]:
     if direction == "forward":
         return qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS
     return (qknorm.HEAD_BWD_BLOCK_ELEMENTS[2, False], qknorm.BACKWARD_WARPS,
-            qknorm.LONG_RUN_TOKENS)
+            qknorm.LONG_RUN_TOKENS, qknorm.BACKWARD_STAGES)
 
 
 def _under(direction, setting, fn):
@@ -146,8 +148,8 @@ def sweep(shape, direction: str) -> tuple[list[list[str]], float, float]:
 
 COLUMNS = {"forward": ["shape", "block elements", "warps", "out of place (us)", "% copy",
                        "in place (us)", "% copy"],
-           "backward": ["shape", "block elements", "warps", "tokens a program", "backward (us)",
-                        "% copy"]}
+           "backward": ["shape", "block elements", "warps", "tokens a program", "stages",
+                        "backward (us)", "% copy"]}
 
 
 def main(argv=None) -> int:

@@ -122,6 +122,8 @@ LONG_RUN_MIN_TOKENS = 1024  # that is from this many tokens (64 groups of 16)
 # the forward 64-96 registers and the backward 126, with no spill, on sm_90.
 TOKEN_FWD_WARPS = 4
 BACKWARD_WARPS = 4
+# Software-pipelining stages of the per-head backward's token loop (1: none).
+BACKWARD_STAGES = 1
 
 
 @dataclass(frozen=True)
@@ -394,7 +396,7 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
                 *_strides(dq_out, layout), *_strides(dk_out, layout), *_strides(dq, layout),
                 *_strides(dk, layout), q_weight.stride(0), k_weight.stride(0),
                 BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, TOKENS_PER_PROGRAM=tpp,
-                num_warps=BACKWARD_WARPS, **kw)
+                STAGES=BACKWARD_STAGES, num_warps=BACKWARD_WARPS, **kw)
     dqw = qpart.sum(0).to(q_weight.dtype)
     dkw = kpart.sum(0).to(k_weight.dtype)
     return dq, dk, dqw, dkw

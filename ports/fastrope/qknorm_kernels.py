@@ -201,9 +201,11 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, T, S,
                     D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
                     TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
                     TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
-                    HAS_TAIL: tl.constexpr, TOKENS_PER_PROGRAM: tl.constexpr):
+                    HAS_TAIL: tl.constexpr, TOKENS_PER_PROGRAM: tl.constexpr,
+                    STAGES: tl.constexpr):
     """dx for heads h0 .. h0 + BLOCK_H - 1 of tokens tok0 .. tok0 + TOKENS_PER_PROGRAM - 1, and
-    their weight-gradient partial sum as row ``part_row`` of the [programs, D] buffer."""
+    their weight-gradient partial sum as row ``part_row`` of the [programs, D] buffer. STAGES > 1
+    asks Triton's pipeliner to issue a later token's loads while a token is computed."""
     h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
     w1, w2, wt = _weights(w_ptr, sw, D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, GEMMA)
     j, o1, o2 = _members(HALF, PAIR_BLOCK, INTERLEAVED)
@@ -213,7 +215,7 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, T, S,
     acc1 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
     acct = tl.zeros([BLOCK_H, TAIL_BLOCK], dtype=tl.float32)
-    for i in range(TOKENS_PER_PROGRAM):
+    for i in tl.range(TOKENS_PER_PROGRAM, num_stages=STAGES):
         tok = tok0 + i
         valid = tok < T
         b = tok // S
@@ -263,7 +265,7 @@ def qk_norm_rope_bwd_kernel(
         D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
         TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr,
-        TOKENS_PER_PROGRAM: tl.constexpr):
+        TOKENS_PER_PROGRAM: tl.constexpr, STAGES: tl.constexpr):
     """Grid (token groups, q head blocks + k head blocks): dq, dk and the weight-gradient
     partial rows (q: row ``group * Q_BLOCKS + block``; k likewise with K_BLOCKS). A head block's
     groups are adjacent here, unlike the forward's grid: with a group's head blocks adjacent
@@ -278,7 +280,7 @@ def qk_norm_rope_bwd_kernel(
                         sin_ptr, inv_ptr, rows, tsr, tsc, sqb, sqs, sqh, sqd,
                         sgqb, sgqs, sgqh, sgqd, sdqb, sdqs, sdqh, sdqd, sqw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, TABLE, HAS_POS,
-                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM)
+                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, STAGES)
     else:
         kb = hb - Q_BLOCKS
         _backward_heads(k_ptr, gk_ptr, dk_ptr, kw_ptr, kpart_ptr, grp * K_BLOCKS + kb, tok0, T,
@@ -286,7 +288,7 @@ def qk_norm_rope_bwd_kernel(
                         sin_ptr, inv_ptr, rows, tsr, tsc, skb, sks, skh, skd,
                         sgkb, sgks, sgkh, sgkd, sdkb, sdks, sdkh, sdkd, skw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, TABLE, HAS_POS,
-                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM)
+                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, STAGES)
 
 
 # ---- norm over all heads of a token (OLMo2) ---------------------------------------------------
