@@ -89,14 +89,15 @@ def _check(results, ref, weights: int) -> None:
         torch.testing.assert_close(r, e, rtol=2**-7, atol=floor)
 
 
-def sweep(shape, direction: str) -> tuple[list[list[str]], float, float]:
+def sweep(shape, direction: str, settings: list[tuple[int, ...]]
+          ) -> tuple[list[list[str]], float, float]:
     """(rows, copy us, compiled unfused us) of one shape in one direction."""
     backward = direction == "backward"
     q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=backward)
     eps = bench.EPS
 
     def fwd():
-        return qknorm.qk_norm_rope(q, k, qw, kw, eps, cos=cos, sin=sin)
+        return qknorm.qk_norm_rope(q, k, qw, kw, eps, cos=cos, sin=sin, gemma=shape.gemma)
 
     torch._dynamo.reset()
     compiled = torch.compile(bench.unfused, fullgraph=True)
@@ -105,7 +106,7 @@ def sweep(shape, direction: str) -> tuple[list[list[str]], float, float]:
     def fwd_compiled():
         return compiled(q, k, qw, kw, *tables, shape.gemma)
 
-    calls, settings = {}, backward_settings() if backward else forward_settings()
+    calls = {}
     if backward:
         gen = torch.Generator(device="cuda").manual_seed(1)
         grads = [torch.randn(o.shape, device="cuda", generator=gen).to(o.dtype) for o in fwd()]
@@ -127,7 +128,7 @@ def sweep(shape, direction: str) -> tuple[list[list[str]], float, float]:
             _check(_under(direction, s, fwd)(), ref, weights=0)
             calls[s, "out"] = _under(direction, s, fwd)
             calls[s, "in"] = _under(direction, s, lambda: qknorm.qk_norm_rope_inplace(
-                qi, ki, qw, kw, eps, cos=cos, sin=sin))
+                qi, ki, qw, kw, eps, cos=cos, sin=sin, gemma=shape.gemma))
         calls["compiled"] = fwd_compiled
         moved = (q.numel() + k.numel()) * q.element_size()
     for f in calls.values():
@@ -157,6 +158,9 @@ def main(argv=None) -> int:
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--direction", choices=("forward", "backward"), default="forward")
     ap.add_argument("--shapes", nargs="*", default=SHAPES)
+    ap.add_argument("--settings", nargs="*", metavar="A,B,...",
+                    help="time only these settings (the direction's tuple as comma-separated "
+                         "ints); default: the direction's whole sweep")
     ap.add_argument("--json", help="write a results data file here")
     ap.add_argument("--commit", help="the tree's commit, where the checkout's git is not it")
     args = ap.parse_args(argv)
@@ -165,9 +169,17 @@ def main(argv=None) -> int:
     if bad:
         ap.error(f"unknown shape {', '.join(bad)}; known: {', '.join(known)}")
     default = default_setting(args.direction)
+    settings = backward_settings() if args.direction == "backward" else forward_settings()
+    if args.settings:
+        try:
+            settings = [tuple(int(v) for v in t.split(",")) for t in args.settings]
+        except ValueError:
+            ap.error(f"--settings takes comma-separated ints, got {args.settings}")
+        if any(len(t) != len(default) for t in settings):
+            ap.error(f"a {args.direction} setting has {len(default)} ints, like {default}")
     rows, notes = [], []
     for name in args.shapes:
-        shape_rows, copy, compiled = sweep(known[name], args.direction)
+        shape_rows, copy, compiled = sweep(known[name], args.direction, settings)
         rows += shape_rows
         notes.append(f"{name}: copy {copy:.1f} us, torch.compile of the unfused pair "
                      f"{compiled:.1f} us")
