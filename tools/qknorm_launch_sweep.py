@@ -6,12 +6,13 @@ compile cache per shape) and a copy of the bytes the direction moves. The forwar
 ``HEAD_FWD_BLOCK_ELEMENTS`` (heads per program * head_dim) and ``HEAD_FWD_WARPS``, 4 to 64
 elements a thread, out of place and in place (q and k read and written); the backward sweeps the
 16-bit full-rotary ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS``, ``LONG_RUN_TOKENS`` (tokens
-a program) and ``BACKWARD_STAGES`` (the token loop's software-pipelining stages), timed as a
-forward + backward step captured in one graph minus the forward alone (dy, q and k read, dq and
-dk written). CUDA-graph us, the minimum of 3 interleaved medians. Each setting's results are
-checked against the module default's first: dq, dk and the outputs to one bf16 ulp (the sum of
-squares' order follows the block), the weight gradients to one bf16 ulp of their largest element
-(their sums' order follows the blocks and tokens). A results data file with ``--json``:
+a program) and ``BACKWARD_STAGES`` (the token loop's software-pipelining stages, for every head
+width), timed as a forward + backward step captured in one graph minus the forward alone (dy, q
+and k read, dq and dk written). CUDA-graph us, the minimum of 3 interleaved medians. Each
+setting's results are checked against the module default's first: dq, dk and the outputs to one
+bf16 ulp (the sum of squares' order follows the block), the weight gradients to one bf16 ulp of
+their largest element (their sums' order follows the blocks and tokens). A results data file
+with ``--json``:
 
     python -m tools.qknorm_launch_sweep [--direction forward|backward] [--shapes NAME ...]
         [--json FILE] [--commit SHA]
@@ -54,17 +55,19 @@ def launch_settings(direction: str, setting: tuple[int, ...]):
     """The module's launch constants set to ``setting`` for ``direction`` (restored after)."""
     saved = (qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS,
              dict(qknorm.HEAD_BWD_BLOCK_ELEMENTS), qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS,
-             qknorm.BACKWARD_STAGES)
+             qknorm.BACKWARD_STAGES, qknorm.PIPELINED_MAX_HEAD_DIM)
     if direction == "forward":
         qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS = setting
     else:
         qknorm.HEAD_BWD_BLOCK_ELEMENTS = {**saved[2], (2, False): setting[0]}
         qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS, qknorm.BACKWARD_STAGES = setting[1:]
+        qknorm.PIPELINED_MAX_HEAD_DIM = qknorm.MAX_HEAD_DIM  # the stages swept apply to any head
     try:
         yield
     finally:
         (qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS, qknorm.HEAD_BWD_BLOCK_ELEMENTS,
-         qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS, qknorm.BACKWARD_STAGES) = saved
+         qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS, qknorm.BACKWARD_STAGES,
+         qknorm.PIPELINED_MAX_HEAD_DIM) = saved
 
 
 def default_setting(direction: str) -> tuple[int, ...]:

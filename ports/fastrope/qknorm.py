@@ -122,8 +122,14 @@ LONG_RUN_MIN_TOKENS = 1024  # that is from this many tokens (64 groups of 16)
 # the forward 64-96 registers and the backward 126, with no spill, on sm_90.
 TOKEN_FWD_WARPS = 4
 BACKWARD_WARPS = 4
-# Software-pipelining stages of the per-head backward's token loop (1: none).
-BACKWARD_STAGES = 1
+# The per-head backward's token loop in 3 software-pipelining stages (Triton's pipeliner issues a
+# later token's loads while a token is computed) where the head, padded to a power of two, is at
+# most PIPELINED_MAX_HEAD_DIM wide; one stage (none) above. H100, bf16, 2048 elements, 16 tokens a
+# program (tools/qknorm_launch_sweep.py, results/README.md, 2026-11-27): Qwen3-8B's heads at 1k
+# tokens 33.1 -> 28.6 us, 4k 75.5 -> 75.1, 4 x 4k 213.1 -> 213.9, 32k 417.2 -> 410.4; Qwen3-0.6B's
+# at 16k 151.6 -> 144.6; Gemma3's heads of 256 at 8k 107.3 -> 137.1, hence the limit.
+BACKWARD_STAGES = 3
+PIPELINED_MAX_HEAD_DIM = 128
 
 
 @dataclass(frozen=True)
@@ -396,7 +402,9 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
                 *_strides(dq_out, layout), *_strides(dk_out, layout), *_strides(dq, layout),
                 *_strides(dk, layout), q_weight.stride(0), k_weight.stride(0),
                 BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, TOKENS_PER_PROGRAM=tpp,
-                STAGES=BACKWARD_STAGES, num_warps=BACKWARD_WARPS, **kw)
+                STAGES=(BACKWARD_STAGES if triton.next_power_of_2(g.head_dim)
+                        <= PIPELINED_MAX_HEAD_DIM else 1),
+                num_warps=BACKWARD_WARPS, **kw)
     dqw = qpart.sum(0).to(q_weight.dtype)
     dkw = kpart.sum(0).to(k_weight.dtype)
     return dq, dk, dqw, dkw

@@ -445,7 +445,8 @@ def data_file(rows: list[dict], *, dtype: str, command: str, previous: dict | No
 # Launch settings of ports.fastrope.qknorm that ``--set`` may override (module constants).
 TUNABLES = ("HEAD_FWD_BLOCK_ELEMENTS", "HEAD_FWD_WARPS", "TOKEN_FWD_BLOCK_ELEMENTS",
             "TOKEN_FWD_WARPS", "TOKEN_BWD_BLOCK_ELEMENTS", "LONG_RUN_TOKENS",
-            "LONG_RUN_MIN_TOKENS", "BACKWARD_WARPS", "BACKWARD_STAGES")
+            "LONG_RUN_MIN_TOKENS", "BACKWARD_WARPS", "BACKWARD_STAGES",
+            "PIPELINED_MAX_HEAD_DIM")
 
 
 def _settings(pairs: list[str]) -> dict[str, int]:
