@@ -73,7 +73,7 @@ registers and writes one fp32 row of a ``[programs, head_dim]`` buffer; ``torch.
 rows (a fixed-order reduction) gives dweight. Cost: the buffer's write and read,
 ``2 * 4 * head_dim`` bytes per program, against the ``3 * heads * head_dim * itemsize`` bytes
 the program moves for dx: about ``8 / (3 * heads_per_block * tokens_per_program * itemsize)``
-extra (2% at head_dim 128 in bf16: 4 heads and 16 tokens a program), plus one small reduction
+extra (0.5% at head_dim 128 in bf16: 16 heads and 16 tokens a program), plus one small reduction
 launch. Below ``LONG_RUN_MIN_TOKENS`` tokens a program takes one token (parallelism first).
 """
 from __future__ import annotations
