@@ -65,6 +65,12 @@ def test_data_file_renders_and_merges_runs(tmp_path):
     assert hf_bench.main([*ARGS, "--family", "llama", "--modes", "train",
                           "--json", str(out)]) == 0
     data = json.loads(out.read_text())
+    named = tmp_path / "named.json"  # --commit names the tree where the checkout's git is not it
+    assert hf_bench.main([*ARGS, "--family", "llama", "--modes", "train", "--commit", "abc1234",
+                          "--json", str(named)]) == 0
+    named_data = json.loads(named.read_text())
+    assert named_data["commit"] == "abc1234"
+    assert {c["git_sha"] for c in named_data["cells"]} == {"abc1234"}
     assert len(data["command"]) == 2 and data["command"][1].endswith(f"--json {out}")
     for key in ("command", "commit", "gpu", "driver", "versions", "date"):
         assert data[key], key

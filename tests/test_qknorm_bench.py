@@ -47,6 +47,8 @@ def test_data_file_keeps_other_shapes_of_the_same_dtype():
     assert len(merged["measurements"]) == len(ROWS) + 2
     assert merged["command"] == ["cmd a", "cmd b"]
     fresh = bench.data_file(other, dtype="fp16", command="cmd b", previous=first)
+    assert bench.data_file(other, dtype="fp16", command="c", commit="abc1234")["commit"] \
+        == "abc1234"
     assert len(fresh["measurements"]) == 2  # another dtype starts over
 
 

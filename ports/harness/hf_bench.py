@@ -435,6 +435,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write (or add to) this results data file "
                                   "(results/data/NAME.json, for tools/results_tables.py)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--commit", help="the commit measured (default: the checkout's)")
     return p
 
 
@@ -452,6 +453,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, "hf_bench: --reps and --iters must be at least 1\n")
     device = torch.device(args.device)
     meta = _metadata(device)
+    if args.commit:
+        meta["git_sha"] = args.commit
     if args.json:
         earlier_run(args.json, meta)  # refused before anything is measured
     rows = [r | meta for name in families for r in bench_family(name, args, device)]

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import traceback
 from dataclasses import dataclass
@@ -402,10 +403,11 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def data_file(rows: list[dict], *, dtype: str, command: str, previous: dict | None = None
-              ) -> dict:
+def data_file(rows: list[dict], *, dtype: str, command: str, previous: dict | None = None,
+              commit: str | None = None) -> dict:
     """A results data file (tools/results_tables.py's form) for ``rows``; ``previous`` (an
-    earlier file of the same dtype) keeps its measurements of shapes not in ``rows``."""
+    earlier file of the same dtype) keeps its measurements of shapes not in ``rows``; ``commit``
+    (default: the checkout's) names the tree measured."""
     from ports.harness.env import driver_version, metadata
 
     meta = metadata()
@@ -429,7 +431,7 @@ def data_file(rows: list[dict], *, dtype: str, command: str, previous: dict | No
                     "rms_norm + fastrope's time over the row's; err: largest error against the "
                     "float64 oracle in output ulps (empty: run without --check)."),
         "command": commands,
-        "commit": meta["git_sha"],
+        "commit": commit or meta["git_sha"],
         "gpu": meta["gpu"],
         "driver": driver_version(),
         "versions": {k: meta[k] for k in ("torch", "triton", "cupy", "python")},
@@ -474,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, metavar="PATH",
                    help="write the table as a results data file (merged with PATH's other "
                         "shapes if it exists)")
+    p.add_argument("--commit", help="the commit measured (default: the checkout's)")
     p.add_argument("--set", nargs="*", default=[], metavar="NAME=INT",
                    help=f"override launch settings of qk_norm_rope: {', '.join(TUNABLES)}")
     args = p.parse_args(argv)
@@ -510,9 +513,10 @@ def main(argv: list[str] | None = None) -> int:
           f"settings {settings or 'default'}\n")
     print(table(rows))
     if args.json is not None:
-        command = "python -m ports.harness.qknorm_bench " + " ".join(
-            sys.argv[1:] if argv is None else argv)
-        data = data_file(rows, dtype=args.dtype, command=command.strip(), previous=previous)
+        command = shlex.join(["python", "-m", "ports.harness.qknorm_bench",
+                              *(sys.argv[1:] if argv is None else argv)])
+        data = data_file(rows, dtype=args.dtype, command=command, previous=previous,
+                         commit=args.commit)
         args.json.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         print(f"\nwrote {args.json}")
     return 0
