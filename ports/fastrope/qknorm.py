@@ -110,16 +110,17 @@ TOKEN_FWD_BLOCK_ELEMENTS = 2048
 # token-norm backward's; the per-head backward's is HEAD_BWD_BLOCK_ELEMENTS.
 TOKEN_BWD_BLOCK_ELEMENTS = 512
 # The per-head backward's block by (element size, whether the head has an unrotated tail).
-# 16-bit: 2048 (16 heads of 128), swept on the H100 at Qwen3-8B's 32/8 heads, bf16, 16 tokens a
-# program and 4 warps (tools/qknorm_launch_sweep.py, results/README.md, 2026-11-27): 4096 tokens
-# 86.2 -> 76.0 us, 4 x 4096 229.9 -> 213.5, 32768 449.8 -> 414.6 against 1024. ptxas gives it
-# 252-255 registers on sm_90; with a tail (partial rotary) that spills, so 1024 there. fp32 holds
-# twice the registers per element: 256, the most that compiles without a spill.
+# 16-bit: 2048 (16 heads of 128), the fastest of the sweep (tools/qknorm_launch_sweep.py); on the
+# H100 at Qwen3-8B's 32/8 heads, bf16, 16 tokens a program and 4 warps, the kernel alone took
+# 76.0 us at 4096 tokens, 213.5 at 4 x 4096 and 414.6 at 32768 against 86.2, 229.9 and 449.8 at
+# 1024 (results/README.md, 2026-11-27, the grid-order A/B). ptxas gives it 252-255 registers on
+# sm_90; with a tail (partial rotary) that spills, so 1024 there. fp32 holds twice the registers
+# per element: 256, the most that compiles without a spill.
 HEAD_BWD_BLOCK_ELEMENTS = {(2, False): 2048, (2, True): 1024, (4, False): 256, (4, True): 256}
 LONG_RUN_TOKENS = 16        # backward tokens per program once there are enough programs anyway,
 LONG_RUN_MIN_TOKENS = 1024  # that is from this many tokens (64 groups of 16)
-# Warps per program of the token-norm forward and of both backwards: first guesses, ptxas gives
-# the forward 64-96 registers and the backward 126, with no spill, on sm_90.
+# Warps per program of the token-norm forward (a first guess) and of both backwards: 4 (in the
+# per-head backward's sweep 8 was slower at every matched setting, results/README.md, 2026-11-27).
 TOKEN_FWD_WARPS = 4
 BACKWARD_WARPS = 4
 # The per-head backward's token loop in 3 software-pipelining stages (Triton's pipeliner issues a
