@@ -274,14 +274,30 @@ def test_backward_zero_stride_gradient():
     check_backward(Case(dtype="bf16", asymmetric=True), broadcast_grad=True)
 
 
+def test_backward_tokens_per_program_follows_the_grid(monkeypatch):
+    """One token a program while the grid fits the budget, then the shortest run that keeps it
+    within BACKWARD_PROGRAMS_PER_SM programs per SM."""
+    monkeypatch.setattr(qknr, "sm_count", lambda index: 132)
+    monkeypatch.setattr(qknr, "BACKWARD_PROGRAMS_PER_SM", 8)
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert qknr.backward_tokens_per_program(64, 3, gpu) == 1
+    assert qknr.backward_tokens_per_program(352, 3, gpu) == 1      # 1056 programs: the budget
+    assert qknr.backward_tokens_per_program(353, 3, gpu) == 2
+    assert qknr.backward_tokens_per_program(4096, 3, gpu) == 12     # 1024 programs
+    assert qknr.backward_tokens_per_program(64, 3, cpu) == 24       # the interpreter: one SM
+    assert qknr.backward_tokens_per_program(0, 3, gpu) == 1
+
+
 def test_backward_several_tokens_per_program_is_deterministic(monkeypatch):
     """The long-run path (8 tokens a program, the last group partly past the end), the heads in
     blocks of 2 (3 q heads: a partial block): correct, and the weight gradients bitwise equal
     from run to run."""
-    monkeypatch.setattr(qknr, "LONG_RUN_MIN_TOKENS", 1)
+    monkeypatch.setattr(qknr, "sm_count", lambda index: 1)
+    monkeypatch.setattr(qknr, "BACKWARD_PROGRAMS_PER_SM", 8)
     monkeypatch.setattr(qknr, "HEAD_BWD_BLOCK_ELEMENTS",
                         dict.fromkeys(qknr.HEAD_BWD_BLOCK_ELEMENTS, 16))
     c = Case(b=3, s=7, hq=3, hk=1, d=8, asymmetric=True)  # 21 tokens: 3 groups, the last of 5
+    assert qknr.backward_tokens_per_program(21, 3, torch.device(c.device)) == 8
     first = check_backward(c)
     second = check_backward(c)
     for name in ("dq", "dk", "dqw", "dkw"):
@@ -541,8 +557,7 @@ def signature(fn, dtype, consts):
 
 for fn, extra, elements, warps in (
         (K.qk_norm_rope_fwd_kernel, {}, Q.HEAD_FWD_BLOCK_ELEMENTS, Q.HEAD_FWD_WARPS),
-        (K.qk_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS,
-                                     "STAGES": Q.BACKWARD_STAGES}, None, Q.BACKWARD_WARPS),
+        (K.qk_norm_rope_bwd_kernel, {"STAGES": Q.BACKWARD_STAGES}, None, Q.BACKWARD_WARPS),
         (K.qk_token_norm_rope_fwd_kernel, {}, Q.TOKEN_FWD_BLOCK_ELEMENTS, Q.TOKEN_FWD_WARPS),
         (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS},
          Q.TOKEN_BWD_BLOCK_ELEMENTS, Q.BACKWARD_WARPS)):

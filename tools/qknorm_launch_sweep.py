@@ -5,8 +5,8 @@ launch constants is timed, beside torch.compile of the unfused pair (the suite's
 compile cache per shape) and a copy of the bytes the direction moves. The forward sweeps
 ``HEAD_FWD_BLOCK_ELEMENTS`` (heads per program * head_dim) and ``HEAD_FWD_WARPS``, 4 to 64
 elements a thread, out of place and in place (q and k read and written); the backward sweeps the
-16-bit full-rotary ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS``, ``LONG_RUN_TOKENS`` (tokens
-a program) and ``BACKWARD_STAGES`` (the token loop's software-pipelining stages, for every head
+16-bit full-rotary ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS``, ``BACKWARD_PROGRAMS_PER_SM``
+(the grid's budget, which sets the tokens a program) and ``BACKWARD_STAGES`` (the token loop's software-pipelining stages, for every head
 width), timed as a forward + backward step captured in one graph minus the forward alone (dy, q
 and k read, dq and dk written). CUDA-graph us, the minimum of 3 interleaved medians. Each
 setting's results are checked against the module default's first: dq, dk and the outputs to one
@@ -45,28 +45,33 @@ def forward_settings() -> list[tuple[int, int]]:
 
 
 def backward_settings() -> list[tuple[int, int, int, int]]:
-    """(block elements, warps, tokens a program, stages): 512 elements and 4 tokens a program,
-    slower than these everywhere on the H100 at e7b9d9e, are left out."""
-    return list(itertools.product((1024, 2048), (4, 8), (16, 32), (1, 2, 3)))
+    """(block elements, warps, programs per SM, stages), 8 to 16 elements a thread: 8 warps and
+    2 stages, slower than 4 warps and 1 or 3 stages at every matched setting on the H100
+    (e908b9a), are left out."""
+    return [(e, w, p, s) for e, w, p, s in itertools.product((512, 1024, 2048), (1, 2, 4),
+                                                             (2, 4, 8, 16), (1, 3))
+            if 8 <= e // (32 * w) <= 16]
 
 
 @contextlib.contextmanager
 def launch_settings(direction: str, setting: tuple[int, ...]):
     """The module's launch constants set to ``setting`` for ``direction`` (restored after)."""
     saved = (qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS,
-             dict(qknorm.HEAD_BWD_BLOCK_ELEMENTS), qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS,
-             qknorm.BACKWARD_STAGES, qknorm.PIPELINED_MAX_HEAD_DIM)
+             dict(qknorm.HEAD_BWD_BLOCK_ELEMENTS), qknorm.BACKWARD_WARPS,
+             qknorm.BACKWARD_PROGRAMS_PER_SM, qknorm.BACKWARD_STAGES,
+             qknorm.PIPELINED_MAX_HEAD_DIM)
     if direction == "forward":
         qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS = setting
     else:
         qknorm.HEAD_BWD_BLOCK_ELEMENTS = {**saved[2], (2, False): setting[0]}
-        qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS, qknorm.BACKWARD_STAGES = setting[1:]
+        (qknorm.BACKWARD_WARPS, qknorm.BACKWARD_PROGRAMS_PER_SM,
+         qknorm.BACKWARD_STAGES) = setting[1:]
         qknorm.PIPELINED_MAX_HEAD_DIM = qknorm.MAX_HEAD_DIM  # the stages swept apply to any head
     try:
         yield
     finally:
         (qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS, qknorm.HEAD_BWD_BLOCK_ELEMENTS,
-         qknorm.BACKWARD_WARPS, qknorm.LONG_RUN_TOKENS, qknorm.BACKWARD_STAGES,
+         qknorm.BACKWARD_WARPS, qknorm.BACKWARD_PROGRAMS_PER_SM, qknorm.BACKWARD_STAGES,
          qknorm.PIPELINED_MAX_HEAD_DIM) = saved
 
 
@@ -74,7 +79,7 @@ def default_setting(direction: str) -> tuple[int, ...]:
     if direction == "forward":
         return qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS
     return (qknorm.HEAD_BWD_BLOCK_ELEMENTS[2, False], qknorm.BACKWARD_WARPS,
-            qknorm.LONG_RUN_TOKENS, qknorm.BACKWARD_STAGES)
+            qknorm.BACKWARD_PROGRAMS_PER_SM, qknorm.BACKWARD_STAGES)
 
 
 def _under(direction, setting, fn):
@@ -152,7 +157,7 @@ def sweep(shape, direction: str, settings: list[tuple[int, ...]]
 
 COLUMNS = {"forward": ["shape", "block elements", "warps", "out of place (us)", "% copy",
                        "in place (us)", "% copy"],
-           "backward": ["shape", "block elements", "warps", "tokens a program", "stages",
+           "backward": ["shape", "block elements", "warps", "programs per SM", "stages",
                         "backward (us)", "% copy"]}
 
 

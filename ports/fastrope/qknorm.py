@@ -68,13 +68,15 @@ per-head kernels' (first guesses here too).
 
 Deterministic weight gradients
 ------------------------------
-Each backward program sums ``dz * x_hat`` over its heads and ``TOKENS_PER_PROGRAM`` tokens in
-registers and writes one fp32 row of a ``[programs, head_dim]`` buffer; ``torch.sum`` over the
-rows (a fixed-order reduction) gives dweight. Cost: the buffer's write and read,
-``2 * 4 * head_dim`` bytes per program, against the ``3 * heads * head_dim * itemsize`` bytes
-the program moves for dx: about ``8 / (3 * heads_per_block * tokens_per_program * itemsize)``
-extra (0.5% at head_dim 128 in bf16: 16 heads and 16 tokens a program), plus one small reduction
-launch. Below ``LONG_RUN_MIN_TOKENS`` tokens a program takes one token (parallelism first).
+Each backward program sums ``dz * x_hat`` over its heads and its run of tokens in registers
+and writes one fp32 row of a ``[programs, head_dim]`` buffer; ``torch.sum`` over the rows (a
+fixed-order reduction) gives dweight. Cost: the buffer's write and read, ``2 * 4 * head_dim``
+bytes per program, against the ``3 * heads * head_dim * itemsize`` bytes the program moves for
+dx: about ``8 / (3 * heads_per_block * tokens_per_program * itemsize)`` extra (0.5% at head_dim
+128 in bf16: 16 heads and 16 tokens a program), plus one small reduction launch. The run's length
+follows the grid (:func:`backward_tokens_per_program`): one token a program while the grid is
+small (parallelism first), so the row count never exceeds ``BACKWARD_PROGRAMS_PER_SM`` per SM
+once there are more tokens.
 """
 from __future__ import annotations
 
@@ -88,6 +90,7 @@ from torch import Tensor
 
 from ports import _alloc, _triton
 from ports.fastrope import qknorm_kernels as K
+from ports.fastrope.plan import sm_count
 from ports.fastrope.problem import check_input, dtype_name, geometry
 from reference import tables
 from reference.qk_norm import NORMS
@@ -117,8 +120,15 @@ TOKEN_BWD_BLOCK_ELEMENTS = 512
 # sm_90; with a tail (partial rotary) that spills, so 1024 there. fp32 holds twice the registers
 # per element: 256, the most that compiles without a spill.
 HEAD_BWD_BLOCK_ELEMENTS = {(2, False): 2048, (2, True): 1024, (4, False): 256, (4, True): 256}
-LONG_RUN_TOKENS = 16        # backward tokens per program once there are enough programs anyway,
-LONG_RUN_MIN_TOKENS = 1024  # that is from this many tokens (64 groups of 16)
+# The per-head backward's grid follows the device: its runs of tokens are as long as it takes to
+# cut the grid to about BACKWARD_PROGRAMS_PER_SM programs per SM (one token a program below
+# that). Longer runs mean fewer weight-gradient partial rows and fewer, longer programs (no tail
+# of short ones); too few programs leave an SM idle once its k programs (fewer heads) finish.
+BACKWARD_PROGRAMS_PER_SM = 8
+# The token-norm backward's tokens per program once there are enough programs anyway (a first
+# guess, not swept), that is from LONG_RUN_MIN_TOKENS tokens (64 groups of 16).
+LONG_RUN_TOKENS = 16
+LONG_RUN_MIN_TOKENS = 1024
 # Warps per program of the token-norm forward (a first guess) and of both backwards: 4 (in the
 # per-head backward's sweep 8 was slower at every matched setting, results/README.md, 2026-11-27).
 TOKEN_FWD_WARPS = 4
@@ -357,6 +367,16 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
     return qo, ko
 
 
+def backward_tokens_per_program(tokens: int, head_blocks: int, device: torch.device) -> int:
+    """The per-head backward's run of tokens a program: the shortest that keeps the grid
+    (token groups x head blocks) within about ``BACKWARD_PROGRAMS_PER_SM`` programs per SM, and
+    at least one. A CPU tensor (the Triton interpreter) counts as one SM."""
+    sms = 1
+    if device.type == "cuda":
+        sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return max(1, triton.cdiv(tokens * head_blocks, BACKWARD_PROGRAMS_PER_SM * sms))
+
+
 def _dense(g: Tensor | None, like: Tensor) -> Tensor:
     """A gradient autograd left undefined is zeros (any strides are taken, zero ones included)."""
     return torch.zeros_like(like) if g is None else g
@@ -381,14 +401,15 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
     bq = _block_heads(g.q_heads, g.head_dim, elements)
     bk = _block_heads(g.k_heads, g.head_dim, elements)
     qb, kb = triton.cdiv(g.q_heads, bq), triton.cdiv(g.k_heads, bk)
-    # Several tokens per program once the grid has plenty of programs without them: fewer
-    # partial rows (the deterministic reduction's cost), same parallelism.
-    tpp = LONG_RUN_TOKENS if g.tokens >= LONG_RUN_MIN_TOKENS else 1
-    groups = triton.cdiv(g.tokens, tpp)
     if g.norm == "token":
+        # Several tokens per program once the grid has plenty of programs without them: fewer
+        # partial rows (the deterministic reduction's cost), same parallelism.
+        tpp = LONG_RUN_TOKENS if g.tokens >= LONG_RUN_MIN_TOKENS else 1
         return _backward_token_norm(g, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
                                     cos, sin, positions, base, gemma, layout, bq, bk, tpp,
-                                    groups)
+                                    triton.cdiv(g.tokens, tpp))
+    tpp = backward_tokens_per_program(g.tokens, qb + kb, q.device)
+    groups = triton.cdiv(g.tokens, tpp)
     qpart = _alloc.empty((groups * qb, g.head_dim), dtype=torch.float32, device=q.device)
     kpart = _alloc.empty((groups * kb, g.head_dim), dtype=torch.float32, device=q.device)
     if g.tokens and qb + kb:
@@ -399,10 +420,10 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
             K.qk_norm_rope_bwd_kernel[(groups, qb + kb)](
                 q, k, dq_out, dk_out, dq, dk, q_weight, k_weight, qpart, kpart, *ptrs,
                 g.tokens, g.seqlen, g.q_heads, g.k_heads, qb, kb, max(g.table_rows, 1),
-                float(eps), *_strides(q, layout), *_strides(k, layout),
+                float(eps), tpp, *_strides(q, layout), *_strides(k, layout),
                 *_strides(dq_out, layout), *_strides(dk_out, layout), *_strides(dq, layout),
                 *_strides(dk, layout), q_weight.stride(0), k_weight.stride(0),
-                BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, TOKENS_PER_PROGRAM=tpp,
+                BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma,
                 STAGES=(BACKWARD_STAGES if triton.next_power_of_2(g.head_dim)
                         <= PIPELINED_MAX_HEAD_DIM else 1),
                 num_warps=BACKWARD_WARPS, **kw)

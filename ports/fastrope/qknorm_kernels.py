@@ -14,7 +14,7 @@ axis (one launch for both):
 5. ``y1 = z1 c1 - z2 s1``, ``y2 = z2 c2 + z1 s2`` (the float64 oracle's ``x c + rot(x) s``), tail
    ``y = z``; one rounding to the output dtype at the store.
 
-Backward, one program per (TOKENS_PER_PROGRAM tokens, block of heads), recomputing rstd from
+Backward, one program per (a run of tokens, block of heads), recomputing rstd from
 the saved input (it has to read x anyway for x_hat, so saving rstd in the forward would only add
 a write). With ``x_hat = x * rstd`` and ``W = w`` (or ``1 + w``):
 
@@ -201,9 +201,8 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, T, S,
                     D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
                     TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
                     TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
-                    HAS_TAIL: tl.constexpr, TOKENS_PER_PROGRAM: tl.constexpr,
-                    STAGES: tl.constexpr):
-    """dx for heads h0 .. h0 + BLOCK_H - 1 of tokens tok0 .. tok0 + TOKENS_PER_PROGRAM - 1, and
+                    HAS_TAIL: tl.constexpr, tokens_per_program, STAGES: tl.constexpr):
+    """dx for heads h0 .. h0 + BLOCK_H - 1 of tokens tok0 .. tok0 + tokens_per_program - 1, and
     their weight-gradient partial sum as row ``part_row`` of the [programs, D] buffer. STAGES > 1
     asks Triton's pipeliner to issue a later token's loads while a token is computed."""
     h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
@@ -215,7 +214,7 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, T, S,
     acc1 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
     acct = tl.zeros([BLOCK_H, TAIL_BLOCK], dtype=tl.float32)
-    for i in tl.range(TOKENS_PER_PROGRAM, num_stages=STAGES):
+    for i in tl.range(tokens_per_program, num_stages=STAGES):
         tok = tok0 + i
         valid = tok < T
         b = tok // S
@@ -257,7 +256,7 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, T, S,
 def qk_norm_rope_bwd_kernel(
         q_ptr, k_ptr, gq_ptr, gk_ptr, dq_ptr, dk_ptr, qw_ptr, kw_ptr, qpart_ptr, kpart_ptr,
         cos_ptr, sin_ptr, inv_ptr, pos_ptr,
-        T, S, HQ, HK, Q_BLOCKS, K_BLOCKS, rows, eps,
+        T, S, HQ, HK, Q_BLOCKS, K_BLOCKS, rows, eps, tokens_per_program,
         sqb, sqs, sqh, sqd, skb, sks, skh, skd,
         sgqb, sgqs, sgqh, sgqd, sgkb, sgks, sgkh, sgkd,
         sdqb, sdqs, sdqh, sdqd, sdkb, sdks, sdkh, sdkd,
@@ -265,7 +264,7 @@ def qk_norm_rope_bwd_kernel(
         D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
         TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr,
-        TOKENS_PER_PROGRAM: tl.constexpr, STAGES: tl.constexpr):
+        STAGES: tl.constexpr):
     """Grid (token groups, q head blocks + k head blocks): dq, dk and the weight-gradient
     partial rows (q: row ``group * Q_BLOCKS + block``; k likewise with K_BLOCKS). A head block's
     groups are adjacent here, unlike the forward's grid: with a group's head blocks adjacent
@@ -273,14 +272,14 @@ def qk_norm_rope_bwd_kernel(
     elements, 16 tokens a program: 228.9 against 213.5 us in one run)."""
     grp = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
-    tok0 = grp * TOKENS_PER_PROGRAM
+    tok0 = grp * tokens_per_program
     if hb < Q_BLOCKS:
         _backward_heads(q_ptr, gq_ptr, dq_ptr, qw_ptr, qpart_ptr, grp * Q_BLOCKS + hb, tok0, T,
                         S, hb.to(tl.int64) * BLOCK_HQ, HQ, eps, pos_ptr, psb, pss, cos_ptr,
                         sin_ptr, inv_ptr, rows, tsr, tsc, sqb, sqs, sqh, sqd,
                         sgqb, sgqs, sgqh, sgqd, sdqb, sdqs, sdqh, sdqd, sqw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, TABLE, HAS_POS,
-                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, STAGES)
+                        GEMMA, HAS_TAIL, tokens_per_program, STAGES)
     else:
         kb = hb - Q_BLOCKS
         _backward_heads(k_ptr, gk_ptr, dk_ptr, kw_ptr, kpart_ptr, grp * K_BLOCKS + kb, tok0, T,
@@ -288,7 +287,7 @@ def qk_norm_rope_bwd_kernel(
                         sin_ptr, inv_ptr, rows, tsr, tsc, skb, sks, skh, skd,
                         sgkb, sgks, sgkh, sgkd, sdkb, sdks, sdkh, sdkd, skw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, TABLE, HAS_POS,
-                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, STAGES)
+                        GEMMA, HAS_TAIL, tokens_per_program, STAGES)
 
 
 # ---- norm over all heads of a token (OLMo2) ---------------------------------------------------

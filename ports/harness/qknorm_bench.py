@@ -448,7 +448,7 @@ def data_file(rows: list[dict], *, dtype: str, command: str, previous: dict | No
 TUNABLES = ("HEAD_FWD_BLOCK_ELEMENTS", "HEAD_FWD_WARPS", "TOKEN_FWD_BLOCK_ELEMENTS",
             "TOKEN_FWD_WARPS", "TOKEN_BWD_BLOCK_ELEMENTS", "LONG_RUN_TOKENS",
             "LONG_RUN_MIN_TOKENS", "BACKWARD_WARPS", "BACKWARD_STAGES",
-            "PIPELINED_MAX_HEAD_DIM")
+            "BACKWARD_PROGRAMS_PER_SM", "PIPELINED_MAX_HEAD_DIM")
 
 
 def _settings(pairs: list[str]) -> dict[str, int]:
