@@ -278,7 +278,7 @@ def test_backward_tokens_per_program_follows_the_grid(monkeypatch):
     """One token a program while the grid fits the budget, then the shortest run that keeps it
     within BACKWARD_PROGRAMS_PER_SM programs per SM."""
     monkeypatch.setattr(qknr, "sm_count", lambda index: 132)
-    monkeypatch.setattr(qknr, "BACKWARD_PROGRAMS_PER_SM", 8)
+    monkeypatch.setattr(qknr, "FORCED", {"BACKWARD_PROGRAMS_PER_SM": 8})
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     assert qknr.backward_tokens_per_program(64, 3, gpu) == 1
     assert qknr.backward_tokens_per_program(352, 3, gpu) == 1      # 1056 programs: the budget
@@ -293,7 +293,7 @@ def test_backward_several_tokens_per_program_is_deterministic(monkeypatch):
     blocks of 2 (3 q heads: a partial block): correct, and the weight gradients bitwise equal
     from run to run."""
     monkeypatch.setattr(qknr, "sm_count", lambda index: 1)
-    monkeypatch.setattr(qknr, "BACKWARD_PROGRAMS_PER_SM", 8)
+    monkeypatch.setattr(qknr, "FORCED", {"BACKWARD_PROGRAMS_PER_SM": 8})
     monkeypatch.setattr(qknr, "HEAD_BWD_BLOCK_ELEMENTS",
                         dict.fromkeys(qknr.HEAD_BWD_BLOCK_ELEMENTS, 16))
     c = Case(b=3, s=7, hq=3, hk=1, d=8, asymmetric=True)  # 21 tokens: 3 groups, the last of 5

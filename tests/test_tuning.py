@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from ports.fastrope import plan, tuning
+from ports.fastrope import plan, qknorm, tuning
 from ports.harness import tune
 
 H100 = tuning.family_name(9, 0, 132, 50 * 2**20, 5120)
@@ -88,6 +88,43 @@ def test_two_tables_for_one_family_are_refused(monkeypatch, tmp_path):
     try:
         with pytest.raises(ValueError, match="two tuning tables"):
             tuning.tables()
+    finally:
+        tuning.tables.cache_clear()
+
+
+def test_every_shipped_tables_qknorm_entry_is_valid():
+    """A table's fused QK-norm constants are DEVICE_TUNED names with positive ints, chosen by
+    committed sweeps of the table's own GPU."""
+    root = tuning.TUNED_DIR.parents[2]
+    for family, table in tuning.tables().items():
+        constants = table.get("qknorm", {})
+        assert set(constants) <= set(qknorm.DEVICE_TUNED), family
+        assert all(isinstance(v, int) and v > 0 for v in constants.values()), family
+        assert bool(constants) == bool(table.get("qknorm_source")), family
+        for source in table.get("qknorm_source", ()):
+            data = json.loads((root / source).read_text(encoding="utf-8"))
+            assert data["gpu"] == table["gpu"] and "qknorm_launch_sweep" in data["command"][0]
+
+
+def test_qknorm_constants_come_from_forced_then_the_family_table_then_the_module(
+        monkeypatch, tmp_path):
+    name = "BACKWARD_PROGRAMS_PER_SM"
+    (tmp_path / "t.json").write_text(json.dumps({"family": H200, "choices": {},
+                                                 "qknorm": {name: 5}}))
+    monkeypatch.setattr(tuning, "TUNED_DIR", tmp_path)
+    monkeypatch.setattr(qknorm, "FORCED", {})
+    tuning.tables.cache_clear()
+    gpu = torch.device("cuda", 0)
+    try:
+        monkeypatch.setattr(tuning, "device_family", lambda index: H200)
+        assert qknorm.launch_constant(name, gpu) == 5
+        assert qknorm.launch_constant(name, torch.device("cpu")) == qknorm.BACKWARD_PROGRAMS_PER_SM
+        assert qknorm.launch_constant("HEAD_FWD_WARPS", gpu) == qknorm.HEAD_FWD_WARPS
+        qknorm.FORCED[name] = 7
+        assert qknorm.launch_constant(name, gpu) == 7
+        qknorm.FORCED.clear()
+        monkeypatch.setattr(tuning, "device_family", lambda index: H100)
+        assert qknorm.launch_constant(name, gpu) == qknorm.BACKWARD_PROGRAMS_PER_SM
     finally:
         tuning.tables.cache_clear()
 
@@ -185,6 +222,9 @@ def test_retuning_one_row_keeps_the_other_rows_choices():
     assert [r["commit"] for r in again["runs"]] == ["b", "c"] and again["choices"] == {}
     other_family = dict(old, family=H100)
     assert tune.keep_other_rows(other_family, new, [streaming]) is new
+    qk = dict(qknorm={"BACKWARD_PROGRAMS_PER_SM": 4}, qknorm_source=["results/data/x.json"])
+    kept = tune.keep_other_rows(dict(old, **qk), new, [streaming])
+    assert {k: kept[k] for k in qk} == qk  # the QK-norm's sweep entries survive a re-tune
 
 
 @pytest.mark.parametrize("in_place", [False, True])

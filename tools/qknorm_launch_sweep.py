@@ -5,14 +5,16 @@ launch constants is timed, beside torch.compile of the unfused pair (the suite's
 compile cache per shape) and a copy of the bytes the direction moves. The forward sweeps
 ``HEAD_FWD_BLOCK_ELEMENTS`` (heads per program * head_dim) and ``HEAD_FWD_WARPS``, 4 to 64
 elements a thread, out of place and in place (q and k read and written); the backward sweeps the
-16-bit full-rotary ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS``, ``BACKWARD_PROGRAMS_PER_SM``
-(the grid's budget, which sets the tokens a program) and ``BACKWARD_STAGES`` (the token loop's software-pipelining stages, for every head
-width), timed as a forward + backward step captured in one graph minus the forward alone (dy, q
-and k read, dq and dk written). CUDA-graph us, the minimum of 3 interleaved medians. Each
-setting's results are checked against the module default's first: dq, dk and the outputs to one
-bf16 ulp (the sum of squares' order follows the block), the weight gradients to one bf16 ulp of
-their largest element (their sums' order follows the blocks and tokens). A results data file
-with ``--json``:
+16-bit full-rotary ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS``,
+``BACKWARD_PROGRAMS_PER_SM`` (the grid's budget, which sets the tokens a program) and
+``BACKWARD_STAGES`` (the token loop's software-pipelining stages, for every head width), timed
+as a forward + backward step captured in one graph minus the forward alone (dy, q and k read, dq
+and dk written). CUDA-graph us, the minimum of 3 interleaved medians. Each setting's results
+are checked against the GPU's default's first: dq, dk and the outputs to one bf16 ulp (the sum
+of squares' order follows the block), the weight gradients to one bf16 ulp of their largest
+element (their sums' order follows the blocks and tokens). The winners of ``DEVICE_TUNED`` go
+into the family's tuning table by hand (its ``qknorm`` entry, ports/fastrope/tuning.py), the
+data files that chose them in its ``qknorm_source``. A results data file with ``--json``:
 
     python -m tools.qknorm_launch_sweep [--direction forward|backward] [--shapes NAME ...]
         [--json FILE] [--commit SHA]
@@ -56,13 +58,16 @@ def backward_settings() -> list[tuple[int, int, int, int]]:
 @contextlib.contextmanager
 def launch_settings(direction: str, setting: tuple[int, ...]):
     """The module's launch constants set to ``setting`` for ``direction`` (restored after)."""
+    forced = dict(qknorm.FORCED)
     saved = (qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS,
              dict(qknorm.HEAD_BWD_BLOCK_ELEMENTS), qknorm.BACKWARD_WARPS,
              qknorm.BACKWARD_PROGRAMS_PER_SM, qknorm.BACKWARD_STAGES,
              qknorm.PIPELINED_MAX_HEAD_DIM)
     if direction == "forward":
         qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS = setting
+        qknorm.FORCED.update(HEAD_FWD_BLOCK_ELEMENTS=setting[0], HEAD_FWD_WARPS=setting[1])
     else:
+        qknorm.FORCED["BACKWARD_PROGRAMS_PER_SM"] = setting[2]
         qknorm.HEAD_BWD_BLOCK_ELEMENTS = {**saved[2], (2, False): setting[0]}
         (qknorm.BACKWARD_WARPS, qknorm.BACKWARD_PROGRAMS_PER_SM,
          qknorm.BACKWARD_STAGES) = setting[1:]
@@ -70,16 +75,21 @@ def launch_settings(direction: str, setting: tuple[int, ...]):
     try:
         yield
     finally:
+        qknorm.FORCED.clear()
+        qknorm.FORCED.update(forced)
         (qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS, qknorm.HEAD_BWD_BLOCK_ELEMENTS,
          qknorm.BACKWARD_WARPS, qknorm.BACKWARD_PROGRAMS_PER_SM, qknorm.BACKWARD_STAGES,
          qknorm.PIPELINED_MAX_HEAD_DIM) = saved
 
 
 def default_setting(direction: str) -> tuple[int, ...]:
+    """The direction's setting on this GPU (its family's tuning table over the module's)."""
+    device = torch.device("cuda", torch.cuda.current_device())
     if direction == "forward":
-        return qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS
+        return (qknorm.launch_constant("HEAD_FWD_BLOCK_ELEMENTS", device),
+                qknorm.launch_constant("HEAD_FWD_WARPS", device))
     return (qknorm.HEAD_BWD_BLOCK_ELEMENTS[2, False], qknorm.BACKWARD_WARPS,
-            qknorm.BACKWARD_PROGRAMS_PER_SM, qknorm.BACKWARD_STAGES)
+            qknorm.launch_constant("BACKWARD_PROGRAMS_PER_SM", device), qknorm.BACKWARD_STAGES)
 
 
 def _under(direction, setting, fn):
@@ -176,6 +186,8 @@ def main(argv=None) -> int:
     bad = [n for n in args.shapes if n not in known]
     if bad:
         ap.error(f"unknown shape {', '.join(bad)}; known: {', '.join(known)}")
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU; none is visible")
     default = default_setting(args.direction)
     settings = backward_settings() if args.direction == "backward" else forward_settings()
     if args.settings:
@@ -198,7 +210,7 @@ def main(argv=None) -> int:
             "document": "results/README.md",
             "section": f"qk_norm_rope's {args.direction} launch settings",
             "context": (" ".join(__doc__.split("\n\n")[1].split()) + f" The {args.direction}'s "
-                        f"setting in the module at the time: {default}. " + "; ".join(notes)
+                        f"setting on this GPU at the time: {default}. " + "; ".join(notes)
                         + "."),
             "command": [shlex.join(["python", "-m", "tools.qknorm_launch_sweep",
                                     *(sys.argv[1:] if argv is None else argv)])],

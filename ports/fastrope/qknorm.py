@@ -90,6 +90,7 @@ from torch import Tensor
 
 from ports import _alloc, _triton
 from ports.fastrope import qknorm_kernels as K
+from ports.fastrope import tuning
 from ports.fastrope.plan import sm_count
 from ports.fastrope.problem import check_input, dtype_name, geometry
 from reference import tables
@@ -104,6 +105,9 @@ MAX_HEAD_DIM = 1024        # one head row held in registers
 # at Qwen3-8B's 32/8 heads of 128, bf16 (tools/qknorm_launch_sweep.py, results/README.md,
 # 2026-11-27): the fastest out of place at 4096, 4 x 4096 and 32768 tokens (28.5, 112.2, 234.9 us
 # against 31.2, 116.5, 257.1 at 2048 elements and 4 warps), in place within 1% of the fastest.
+# The H200 wants 1024 elements on one warp (its table sets them): 512 moved Qwen3-8B's q and k
+# there at 80% of a same-size copy, 1024 at 93-97% (27.0 -> 23.1 us at 4k tokens, 101.3 -> 82.9
+# at 4 x 4k, 200.7 -> 170.4 at 32k); on the H100 1024 takes 30.9 against 28.7 us at 4k.
 HEAD_FWD_BLOCK_ELEMENTS = 512
 HEAD_FWD_WARPS = 1
 # The token-norm forward's block: 16 elements a thread at TOKEN_FWD_WARPS = 4 (not swept).
@@ -122,9 +126,18 @@ TOKEN_BWD_BLOCK_ELEMENTS = 512
 HEAD_BWD_BLOCK_ELEMENTS = {(2, False): 2048, (2, True): 1024, (4, False): 256, (4, True): 256}
 # The per-head backward's grid follows the device: its runs of tokens are as long as it takes to
 # cut the grid to about BACKWARD_PROGRAMS_PER_SM programs per SM (one token a program below
-# that). Longer runs mean fewer weight-gradient partial rows and fewer, longer programs (no tail
-# of short ones); too few programs leave an SM idle once its k programs (fewer heads) finish.
-BACKWARD_PROGRAMS_PER_SM = 8
+# that): fewer weight-gradient partial rows, and no long tail of programs. The best budget is
+# sharp and differs by GPU (tools/qknorm_launch_sweep.py, results/README.md, 2026-11-27; bf16,
+# 2048 elements, 3 stages): on the H100 3 per SM took Qwen3-8B's heads at 4k, 4 x 4k and 32k
+# tokens in 61.8, 200.5 and 388.8 us, 4 per SM in 64.7, 207.6 and 413.0; on the H200 3 took 55.1,
+# 169.0 and 315.6, 4 took 55.4, 151.3 and 295.8. The H100's 3 here; the H200's table sets 4.
+BACKWARD_PROGRAMS_PER_SM = 3
+# The launch constants a GPU family's tuning table may set for it (its "qknorm" entry, see
+# ports/fastrope/tuning.py), where the H100 and the H200 want different ones; the values above
+# serve every GPU without one. Names in FORCED win over both (the launch sweep's and
+# qknorm_bench --set's settings).
+DEVICE_TUNED = ("HEAD_FWD_BLOCK_ELEMENTS", "HEAD_FWD_WARPS", "BACKWARD_PROGRAMS_PER_SM")
+FORCED: dict[str, int] = {}
 # The token-norm backward's tokens per program once there are enough programs anyway (a first
 # guess, not swept), that is from LONG_RUN_MIN_TOKENS tokens (64 groups of 16).
 LONG_RUN_TOKENS = 16
@@ -289,6 +302,19 @@ def _inv_freq(device: torch.device, rotary_dim: int, base: float) -> Tensor:
     return tables.inv_freq(rotary_dim, base, device=device)
 
 
+def launch_constant(name: str, device: torch.device) -> int:
+    """One of :data:`DEVICE_TUNED` on ``device``: FORCED's value, else the device family's
+    table's, else the module's."""
+    if name in FORCED:
+        return FORCED[name]
+    if device.type == "cuda":
+        tuned = tuning.qknorm_constants(device.index if device.index is not None
+                                        else torch.cuda.current_device())
+        if name in tuned:
+            return tuned[name]
+    return globals()[name]
+
+
 def _block_heads(heads: int, head_dim: int, elements: int) -> int:
     """Heads per program: a power of two (``tl.arange``), at most ``elements`` channels in all
     (head_dim padded to a power of two), no more than the heads there are."""
@@ -351,8 +377,9 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
                 *_strides(ko, layout), q_weight.stride(0), k_weight.stride(0),
                 BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, num_warps=TOKEN_FWD_WARPS, **kw)
         return qo, ko
-    bq = _block_heads(g.q_heads, g.head_dim, HEAD_FWD_BLOCK_ELEMENTS)
-    bk = _block_heads(g.k_heads, g.head_dim, HEAD_FWD_BLOCK_ELEMENTS)
+    elements = launch_constant("HEAD_FWD_BLOCK_ELEMENTS", q.device)
+    bq = _block_heads(g.q_heads, g.head_dim, elements)
+    bk = _block_heads(g.k_heads, g.head_dim, elements)
     qb, kb = triton.cdiv(g.q_heads, bq), triton.cdiv(g.k_heads, bk)
     if g.tokens * (qb + kb) > _triton.MAX_GRID_X:
         raise ValueError(f"{g.tokens} tokens x {qb + kb} head blocks exceed the grid's x limit "
@@ -363,7 +390,8 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
             g.seqlen, g.q_heads, g.k_heads, qb, qb + kb, max(g.table_rows, 1), float(eps),
             *_strides(q, layout), *_strides(k, layout), *_strides(qo, layout),
             *_strides(ko, layout), q_weight.stride(0), k_weight.stride(0),
-            BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, num_warps=HEAD_FWD_WARPS, **kw)
+            BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma,
+            num_warps=launch_constant("HEAD_FWD_WARPS", q.device), **kw)
     return qo, ko
 
 
@@ -374,7 +402,8 @@ def backward_tokens_per_program(tokens: int, head_blocks: int, device: torch.dev
     sms = 1
     if device.type == "cuda":
         sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    return max(1, triton.cdiv(tokens * head_blocks, BACKWARD_PROGRAMS_PER_SM * sms))
+    budget = launch_constant("BACKWARD_PROGRAMS_PER_SM", device) * sms
+    return max(1, triton.cdiv(tokens * head_blocks, budget))
 
 
 def _dense(g: Tensor | None, like: Tensor) -> Tensor:

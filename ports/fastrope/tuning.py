@@ -7,7 +7,9 @@ own settings there, and its ``measurements`` keep the times that decided it. A f
 properties a plan depends on: compute capability, SM count, L2 size and memory bus width (as
 torch reports them, the H100 and the H200 differ in the last two: 50 and 60 MiB, 5120 and 6016
 bits). A GPU whose family has no table runs plan.RULES as they are, the plan measured on the
-H100.
+H100. A table's optional ``qknorm`` entry sets the fused QK-norm's launch constants for the
+family (``ports.fastrope.qknorm.DEVICE_TUNED``), with ``qknorm_source`` naming the sweeps that
+chose them (tools/qknorm_launch_sweep.py); the module's own values serve the rest.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pathlib
 
 import torch
 
-__all__ = ["TUNED_DIR", "choices", "device_family", "family_name", "tables"]
+__all__ = ["TUNED_DIR", "choices", "device_family", "family_name", "qknorm_constants", "tables"]
 
 TUNED_DIR = pathlib.Path(__file__).with_name("tuned")
 
@@ -54,3 +56,9 @@ def choices(device_index: int) -> dict[str, str]:
     """The row -> alternative choices of the device's family (none without a table)."""
     table = tables().get(device_family(device_index))
     return dict(table["choices"]) if table else {}
+
+
+def qknorm_constants(device_index: int) -> dict[str, int]:
+    """The fused QK-norm's launch constants the device's family table sets (none without one)."""
+    table = tables().get(device_family(device_index))
+    return dict(table.get("qknorm", {})) if table else {}

@@ -505,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
 
     for name, value in settings.items():
         setattr(module, name, value)
+        if name in module.DEVICE_TUNED:  # over the device family's table
+            module.FORCED[name] = value
     rows = []
     for shape in shapes:
         rows += measure(shape, DTYPES[args.dtype], args.rep_ms, check=args.check)

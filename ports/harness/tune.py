@@ -231,7 +231,9 @@ def keep_other_rows(old: dict, new: dict, rows: list[str]) -> dict:
 
     choices = {r: a for r, a in old.get("choices", {}).items() if r in other}
     choices.update(new["choices"])
-    return dict(new, choices={r: choices[r] for r in order if r in choices},
+    # the fused QK-norm's entries come from their own sweep (tools/qknorm_launch_sweep.py)
+    kept = {k: old[k] for k in ("qknorm", "qknorm_source") if k in old}
+    return dict(new, **kept, choices={r: choices[r] for r in order if r in choices},
                 scores=merged("scores"), measurements=merged("measurements"),
                 runs=earlier + runs(new))
 
