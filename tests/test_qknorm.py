@@ -274,34 +274,30 @@ def test_backward_zero_stride_gradient():
     check_backward(Case(dtype="bf16", asymmetric=True), broadcast_grad=True)
 
 
-def test_backward_runs_follow_the_grid(monkeypatch):
-    """One token a program of the wider head block while the grid fits the budget, then the
-    shortest run that keeps it within BACKWARD_PROGRAMS_PER_SM programs per SM; a block of half
-    the heads takes twice the tokens (programs of equal bytes)."""
+def test_backward_tokens_per_program_follows_the_grid(monkeypatch):
+    """One token a program while the grid fits the budget, then the shortest run that keeps it
+    within BACKWARD_PROGRAMS_PER_SM programs per SM."""
     monkeypatch.setattr(qknr, "sm_count", lambda index: 132)
     monkeypatch.setattr(qknr, "FORCED", {"BACKWARD_PROGRAMS_PER_SM": 8})
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
-    runs = qknr.backward_runs
-    assert runs(64, 2, 16, 1, 8, gpu) == (1, 2)         # Qwen3-8B's 32/8 heads in 16s and 8s
-    assert runs(4096, 2, 16, 1, 8, gpu) == (10, 20)     # 10240 wide programs' worth / 1056
-    assert runs(352, 3, 4, 0, 4, gpu) == (1, 1)         # no k blocks: 1056 programs
-    assert runs(264, 3, 4, 1, 4, gpu) == (1, 1)         # 1056 programs: the budget
-    assert runs(265, 3, 4, 1, 4, gpu) == (2, 2)
-    assert runs(4096, 1, 4, 2, 8, gpu) == (20, 10)      # k the wider (more kv heads than q)
-    assert runs(64, 2, 16, 1, 8, cpu) == (20, 40)       # the interpreter: one SM
-    assert runs(0, 2, 16, 1, 8, gpu) == (1, 2)
+    assert qknr.backward_tokens_per_program(64, 3, gpu) == 1
+    assert qknr.backward_tokens_per_program(352, 3, gpu) == 1      # 1056 programs: the budget
+    assert qknr.backward_tokens_per_program(353, 3, gpu) == 2
+    assert qknr.backward_tokens_per_program(4096, 3, gpu) == 12     # 1024 programs
+    assert qknr.backward_tokens_per_program(64, 3, cpu) == 24       # the interpreter: one SM
+    assert qknr.backward_tokens_per_program(0, 3, gpu) == 1
 
 
 def test_backward_several_tokens_per_program_is_deterministic(monkeypatch):
-    """The long-run path (q: 8 tokens a program, k: 16, each last group partly past the end),
-    the heads in blocks of 2 (3 q heads: a partial block): correct, and the weight gradients
-    bitwise equal from run to run."""
+    """The long-run path (8 tokens a program, the last group partly past the end), the heads in
+    blocks of 2 (3 q heads: a partial block): correct, and the weight gradients bitwise equal
+    from run to run."""
     monkeypatch.setattr(qknr, "sm_count", lambda index: 1)
-    monkeypatch.setattr(qknr, "FORCED", {"BACKWARD_PROGRAMS_PER_SM": 7})
+    monkeypatch.setattr(qknr, "FORCED", {"BACKWARD_PROGRAMS_PER_SM": 8})
     monkeypatch.setattr(qknr, "HEAD_BWD_BLOCK_ELEMENTS",
                         dict.fromkeys(qknr.HEAD_BWD_BLOCK_ELEMENTS, 16))
-    c = Case(b=3, s=7, hq=3, hk=1, d=8, asymmetric=True)  # 21 tokens: q 8 + 8 + 5, k 16 + 5
-    assert qknr.backward_runs(21, 2, 2, 1, 1, torch.device(c.device)) == (8, 16)
+    c = Case(b=3, s=7, hq=3, hk=1, d=8, asymmetric=True)  # 21 tokens: 3 groups, the last of 5
+    assert qknr.backward_tokens_per_program(21, 3, torch.device(c.device)) == 8
     first = check_backward(c)
     second = check_backward(c)
     for name in ("dq", "dk", "dqw", "dkw"):

@@ -73,11 +73,10 @@ and writes one fp32 row of a ``[programs, head_dim]`` buffer; ``torch.sum`` over
 fixed-order reduction) gives dweight. Cost: the buffer's write and read, ``2 * 4 * head_dim``
 bytes per program, against the ``3 * heads * head_dim * itemsize`` bytes the program moves for
 dx: about ``8 / (3 * heads_per_block * tokens_per_program * itemsize)`` extra (0.5% at head_dim
-128 in bf16: 16 heads and 16 tokens a program), plus one small reduction launch. The runs'
-lengths follow the grid (:func:`backward_runs`): the wider head block's programs take one token
-while the grid is small (parallelism first), so the row count never exceeds about
-``BACKWARD_PROGRAMS_PER_SM`` per SM once there are more tokens; a block of half the heads (k's,
-under GQA) takes twice the tokens, so that every program moves about the same bytes.
+128 in bf16: 16 heads and 16 tokens a program), plus one small reduction launch. The run's length
+follows the grid (:func:`backward_tokens_per_program`): one token a program while the grid is
+small (parallelism first), so the row count never exceeds ``BACKWARD_PROGRAMS_PER_SM`` per SM
+once there are more tokens.
 """
 from __future__ import annotations
 
@@ -396,21 +395,15 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
     return qo, ko
 
 
-def backward_runs(tokens: int, q_blocks: int, q_block_heads: int, k_blocks: int,
-                  k_block_heads: int, device: torch.device) -> tuple[int, int]:
-    """The per-head backward's runs of tokens, (q's, k's): programs of either tensor move about
-    the same bytes (a block of half the heads takes twice the tokens), and the grid holds about
-    ``BACKWARD_PROGRAMS_PER_SM`` programs per SM (the wider block's run one token while the grid
-    is smaller). A CPU tensor (the Triton interpreter) counts as one SM."""
+def backward_tokens_per_program(tokens: int, head_blocks: int, device: torch.device) -> int:
+    """The per-head backward's run of tokens a program: the shortest that keeps the grid
+    (token groups x head blocks) within about ``BACKWARD_PROGRAMS_PER_SM`` programs per SM, and
+    at least one. A CPU tensor (the Triton interpreter) counts as one SM."""
     sms = 1
     if device.type == "cuda":
         sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    wide = max(q_block_heads, k_block_heads)
-    # programs of the wide block's size that the whole grid amounts to, per token
-    per_token = (q_blocks * q_block_heads + k_blocks * k_block_heads) / wide
     budget = launch_constant("BACKWARD_PROGRAMS_PER_SM", device) * sms
-    run = max(1, math.ceil(tokens * per_token / budget))
-    return run * wide // q_block_heads, run * wide // k_block_heads
+    return max(1, triton.cdiv(tokens * head_blocks, budget))
 
 
 def _dense(g: Tensor | None, like: Tensor) -> Tensor:
@@ -444,22 +437,19 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
         return _backward_token_norm(g, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
                                     cos, sin, positions, base, gemma, layout, bq, bk, tpp,
                                     triton.cdiv(g.tokens, tpp))
-    q_tokens, k_tokens = backward_runs(g.tokens, qb, bq, kb, bk, q.device)
-    q_groups, k_groups = triton.cdiv(g.tokens, q_tokens), triton.cdiv(g.tokens, k_tokens)
-    qpart = _alloc.empty((q_groups * qb, g.head_dim), dtype=torch.float32, device=q.device)
-    kpart = _alloc.empty((k_groups * kb, g.head_dim), dtype=torch.float32, device=q.device)
-    programs = q_groups * qb + k_groups * kb
-    if g.tokens and programs:
-        if programs > _triton.MAX_GRID_X:
-            raise ValueError(f"{programs} backward programs exceed the grid's x limit "
-                             f"({_triton.MAX_GRID_X}); split the call over the tokens")
+    tpp = backward_tokens_per_program(g.tokens, qb + kb, q.device)
+    groups = triton.cdiv(g.tokens, tpp)
+    qpart = _alloc.empty((groups * qb, g.head_dim), dtype=torch.float32, device=q.device)
+    kpart = _alloc.empty((groups * kb, g.head_dim), dtype=torch.float32, device=q.device)
+    if g.tokens and qb + kb:
+        if qb + kb > _triton.MAX_GRID_Y:
+            raise ValueError(f"{qb + kb} head blocks exceed the grid's y limit")
         ptrs, kw = _common(g, q, cos, sin, positions, base)
         with _triton.device_guard(q.device):
-            K.qk_norm_rope_bwd_kernel[(programs,)](
+            K.qk_norm_rope_bwd_kernel[(groups, qb + kb)](
                 q, k, dq_out, dk_out, dq, dk, q_weight, k_weight, qpart, kpart, *ptrs,
                 g.tokens, g.seqlen, g.q_heads, g.k_heads, qb, kb, max(g.table_rows, 1),
-                float(eps), q_groups, k_groups, q_tokens, k_tokens,
-                *_strides(q, layout), *_strides(k, layout),
+                float(eps), tpp, *_strides(q, layout), *_strides(k, layout),
                 *_strides(dq_out, layout), *_strides(dk_out, layout), *_strides(dq, layout),
                 *_strides(dk, layout), q_weight.stride(0), k_weight.stride(0),
                 BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma,

@@ -256,7 +256,7 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, T, S,
 def qk_norm_rope_bwd_kernel(
         q_ptr, k_ptr, gq_ptr, gk_ptr, dq_ptr, dk_ptr, qw_ptr, kw_ptr, qpart_ptr, kpart_ptr,
         cos_ptr, sin_ptr, inv_ptr, pos_ptr,
-        T, S, HQ, HK, Q_BLOCKS, K_BLOCKS, rows, eps, q_groups, k_groups, q_tokens, k_tokens,
+        T, S, HQ, HK, Q_BLOCKS, K_BLOCKS, rows, eps, tokens_per_program,
         sqb, sqs, sqh, sqd, skb, sks, skh, skd,
         sgqb, sgqs, sgqh, sgqd, sgkb, sgks, sgkh, sgkd,
         sdqb, sdqs, sdqh, sdqd, sdkb, sdks, sdkh, sdkd,
@@ -265,34 +265,29 @@ def qk_norm_rope_bwd_kernel(
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
         TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr,
         STAGES: tl.constexpr):
-    """Grid (q_groups * Q_BLOCKS + k_groups * K_BLOCKS,): q's programs, then k's, a head block's
-    token groups adjacent. A q program takes ``q_tokens`` tokens, a k program ``k_tokens``
-    (chosen so that both move about the same bytes: a k block of half the heads takes twice the
-    tokens). Writes dq, dk and the weight-gradient partial rows (q: row ``group * Q_BLOCKS +
-    block``; k likewise). A head block's groups are adjacent here, unlike the forward's grid: with
-    a group's head blocks adjacent instead, the backward took 7% longer at Qwen3-8B's 4 x 4096
-    tokens (H100, bf16, 2048 elements, 16 tokens a program: 228.9 against 213.5 us in one run)."""
-    pid = tl.program_id(0).to(tl.int64)
-    q_programs = q_groups.to(tl.int64) * Q_BLOCKS
-    if pid < q_programs:
-        hb = pid // q_groups
-        grp = pid - hb * q_groups
-        _backward_heads(q_ptr, gq_ptr, dq_ptr, qw_ptr, qpart_ptr, grp * Q_BLOCKS + hb,
-                        grp * q_tokens, T, S, hb * BLOCK_HQ, HQ, eps, pos_ptr, psb, pss, cos_ptr,
+    """Grid (token groups, q head blocks + k head blocks): dq, dk and the weight-gradient
+    partial rows (q: row ``group * Q_BLOCKS + block``; k likewise with K_BLOCKS). A head block's
+    groups are adjacent here, unlike the forward's grid: with a group's head blocks adjacent
+    instead, the backward took 7% longer at Qwen3-8B's 4 x 4096 tokens (H100, bf16, 2048
+    elements, 16 tokens a program: 228.9 against 213.5 us in one run)."""
+    grp = tl.program_id(0).to(tl.int64)
+    hb = tl.program_id(1)
+    tok0 = grp * tokens_per_program
+    if hb < Q_BLOCKS:
+        _backward_heads(q_ptr, gq_ptr, dq_ptr, qw_ptr, qpart_ptr, grp * Q_BLOCKS + hb, tok0, T,
+                        S, hb.to(tl.int64) * BLOCK_HQ, HQ, eps, pos_ptr, psb, pss, cos_ptr,
                         sin_ptr, inv_ptr, rows, tsr, tsc, sqb, sqs, sqh, sqd,
                         sgqb, sgqs, sgqh, sgqd, sdqb, sdqs, sdqh, sdqd, sqw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, TABLE, HAS_POS,
-                        GEMMA, HAS_TAIL, q_tokens, STAGES)
+                        GEMMA, HAS_TAIL, tokens_per_program, STAGES)
     else:
-        r = pid - q_programs
-        kb = r // k_groups
-        grp = r - kb * k_groups
-        _backward_heads(k_ptr, gk_ptr, dk_ptr, kw_ptr, kpart_ptr, grp * K_BLOCKS + kb,
-                        grp * k_tokens, T, S, kb * BLOCK_HK, HK, eps, pos_ptr, psb, pss, cos_ptr,
+        kb = hb - Q_BLOCKS
+        _backward_heads(k_ptr, gk_ptr, dk_ptr, kw_ptr, kpart_ptr, grp * K_BLOCKS + kb, tok0, T,
+                        S, kb.to(tl.int64) * BLOCK_HK, HK, eps, pos_ptr, psb, pss, cos_ptr,
                         sin_ptr, inv_ptr, rows, tsr, tsc, skb, sks, skh, skd,
                         sgkb, sgks, sgkh, sgkd, sdkb, sdks, sdkh, sdkd, skw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, TABLE, HAS_POS,
-                        GEMMA, HAS_TAIL, k_tokens, STAGES)
+                        GEMMA, HAS_TAIL, tokens_per_program, STAGES)
 
 
 # ---- norm over all heads of a token (OLMo2) ---------------------------------------------------
