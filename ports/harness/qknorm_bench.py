@@ -510,15 +510,19 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for shape in shapes:
         rows += measure(shape, DTYPES[args.dtype], args.rep_ms, check=args.check)
+    device = torch.device("cuda", torch.cuda.current_device())
+    # the per-GPU constants this run used (the family's tuning table, or --set's)
+    constants = {name: module.launch_constant(name, device) for name in module.DEVICE_TUNED}
     print(f"GPU: {torch.cuda.get_device_name()}, dtype {args.dtype}, medians (us; CUDA-graph "
           "replays, backward = forward + backward step - forward), "
-          f"settings {settings or 'default'}\n")
+          f"settings {settings or 'default'}, per-GPU constants {constants}\n")
     print(table(rows))
     if args.json is not None:
         command = shlex.join(["python", "-m", "ports.harness.qknorm_bench",
                               *(sys.argv[1:] if argv is None else argv)])
         data = data_file(rows, dtype=args.dtype, command=command, previous=previous,
                          commit=args.commit)
+        data["launch_constants"] = constants
         args.json.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
         print(f"\nwrote {args.json}")
     return 0
