@@ -7,6 +7,8 @@ warm-up, between cudaProfilerStart/Stop: what Nsight Compute profiles to compare
     ncu --profile-from-start off python -m tools.ncu_targets peers_long
         # the peers suite's 1x32768x32x128 bf16 case with k (harness inputs): fastrope (tables,
         # computed, in place), Liger, flash-attn, torch.compile and a copy of the same bytes
+    ncu --profile-from-start off --kernel-name regex:qk_norm_rope python -m tools.ncu_targets \
+        qknorm_train        # qk_norm_rope's forward and backward, the qknorm suite's 4 x 4k shape
 
 torch's same-dtype copy is a cudaMemcpy, which Nsight Compute does not profile: the targets that
 run one get no row for it (2026-11-25, H100).
@@ -75,7 +77,20 @@ def peers_long():
     _profile(calls + [lambda: dst.copy_(src)])
 
 
-TARGETS = {"prefill": prefill, "decode": decode, "peers_long": peers_long}
+def qknorm_train():
+    from ports.fastrope.qknorm import qk_norm_rope
+    from ports.harness import qknorm_bench as bench
+
+    shape = next(s for s in bench.SHAPES if s.name == "qwen3-8b train 4x4k")
+    q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=True)
+    outs = qk_norm_rope(q, k, qw, kw, bench.EPS, cos=cos, sin=sin)
+    grads = [torch.randn_like(o) for o in outs]
+    _profile([lambda: torch.autograd.grad(
+        qk_norm_rope(q, k, qw, kw, bench.EPS, cos=cos, sin=sin), (q, k, qw, kw), grads)])
+
+
+TARGETS = {"prefill": prefill, "decode": decode, "peers_long": peers_long,
+           "qknorm_train": qknorm_train}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in TARGETS:
