@@ -120,9 +120,10 @@ TOKEN_BWD_BLOCK_ELEMENTS = 512
 # 16-bit: 2048 (16 heads of 128), the fastest of the sweep (tools/qknorm_launch_sweep.py); on the
 # H100 at Qwen3-8B's 32/8 heads, bf16, 16 tokens a program and 4 warps, the kernel alone took
 # 76.0 us at 4096 tokens, 213.5 at 4 x 4096 and 414.6 at 32768 against 86.2, 229.9 and 449.8 at
-# 1024 (results/README.md, 2026-11-27, the grid-order A/B). ptxas gives it 252-255 registers on
-# sm_90; with a tail (partial rotary) that spills, so 1024 there. fp32 holds twice the registers
-# per element: 256, the most that compiles without a spill.
+# 1024 (results/README.md, 2026-11-27, the grid-order A/B). Without pipelining stages ptxas gave
+# it 252-255 registers on sm_90 and a tail (partial rotary) spilled, so 1024 there; with 3 stages
+# the loads wait in shared memory: 128 registers and 18.4 KB a program (ncu, H100). fp32 holds
+# twice the registers per element: 256, the most that compiles without a spill.
 HEAD_BWD_BLOCK_ELEMENTS = {(2, False): 2048, (2, True): 1024, (4, False): 256, (4, True): 256}
 # The per-head backward's grid follows the device: its runs of tokens are as long as it takes to
 # cut the grid to about BACKWARD_PROGRAMS_PER_SM programs per SM (one token a program below
