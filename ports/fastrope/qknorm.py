@@ -303,14 +303,17 @@ def _inv_freq(device: torch.device, rotary_dim: int, base: float) -> Tensor:
     return tables.inv_freq(rotary_dim, base, device=device)
 
 
+def _cuda_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def launch_constant(name: str, device: torch.device) -> int:
     """One of :data:`DEVICE_TUNED` on ``device``: FORCED's value, else the device family's
     table's, else the module's."""
     if name in FORCED:
         return FORCED[name]
     if device.type == "cuda":
-        tuned = tuning.qknorm_constants(device.index if device.index is not None
-                                        else torch.cuda.current_device())
+        tuned = tuning.qknorm_constants(_cuda_index(device))
         if name in tuned:
             return tuned[name]
     return globals()[name]
@@ -402,7 +405,7 @@ def backward_tokens_per_program(tokens: int, head_blocks: int, device: torch.dev
     at least one. A CPU tensor (the Triton interpreter) counts as one SM."""
     sms = 1
     if device.type == "cuda":
-        sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
+        sms = sm_count(_cuda_index(device))
     budget = launch_constant("BACKWARD_PROGRAMS_PER_SM", device) * sms
     return max(1, triton.cdiv(tokens * head_blocks, budget))
 
