@@ -289,19 +289,45 @@ def test_backward_tokens_per_program_follows_the_grid(monkeypatch):
 
 
 def test_backward_several_tokens_per_program_is_deterministic(monkeypatch):
-    """The long-run path (8 tokens a program, the last group partly past the end), the heads in
-    blocks of 2 (3 q heads: a partial block): correct, and the weight gradients bitwise equal
-    from run to run."""
+    """Several tokens a program (8 slots a group, every third token, the last slot past the end),
+    the heads in blocks of 2 (3 q heads: a partial block): correct, and the weight gradients
+    bitwise equal from run to run."""
     monkeypatch.setattr(qknr, "sm_count", lambda index: 1)
     monkeypatch.setattr(qknr, "FORCED", {"BACKWARD_PROGRAMS_PER_SM": 8})
     monkeypatch.setattr(qknr, "HEAD_BWD_BLOCK_ELEMENTS",
                         dict.fromkeys(qknr.HEAD_BWD_BLOCK_ELEMENTS, 16))
-    c = Case(b=3, s=7, hq=3, hk=1, d=8, asymmetric=True)  # 21 tokens: 3 groups, the last of 5
+    c = Case(b=3, s=7, hq=3, hk=1, d=8, asymmetric=True)  # 21 tokens: 3 groups of 7
     assert qknr.backward_tokens_per_program(21, 3, torch.device(c.device)) == 8
     first = check_backward(c)
     second = check_backward(c)
     for name in ("dq", "dk", "dqw", "dkw"):
         assert torch.equal(first[name], second[name]), name
+
+
+@pytest.mark.parametrize("q_rows,k_rows,q_cols,k_cols,dtype", [
+    (300, 131, 24, 24, torch.bfloat16),    # rows past one block of 128, columns past 8
+    (5, 0, 6, 6, torch.float16),           # fewer columns than a block; no k rows (zeros)
+    (129, 64, 40, 8, torch.float32),       # the token norm's [hq * d] and [hk * d] columns
+])
+def test_weight_grads_sum_the_rows(q_rows, k_rows, q_cols, k_cols, dtype):
+    """The weight gradients' reduction: each buffer's column sums, in the weight's dtype, every
+    element written (NaN-poisoned allocations), and equal from run to run."""
+    dev = Case().device
+    g = torch.Generator().manual_seed(3)
+    qpart = torch.randn(q_rows, q_cols, generator=g).to(dev)
+    kpart = torch.randn(k_rows, k_cols, generator=g).to(dev)
+    qw = torch.empty(q_cols, dtype=dtype, device=dev)
+    kw = torch.empty(k_cols, dtype=dtype, device=dev)
+    with _alloc.poisoned():
+        dqw, dkw = qknr.weight_grads(qpart, kpart, qw, kw)
+    for got, part in ((dqw, qpart), (dkw, kpart)):
+        want = part.double().sum(0)
+        assert got.dtype == dtype and got.shape == want.shape
+        tol = float(part.double().abs().sum(0).max()) * 2.0**-22 + 2 * float(
+            want.abs().max()) * torch.finfo(dtype).eps if part.numel() else 0.0
+        torch.testing.assert_close(got.double().cpu(), want.cpu(), rtol=0, atol=tol)
+    again = qknr.weight_grads(qpart, kpart, qw, kw)
+    assert torch.equal(again[0], dqw) and torch.equal(again[1], dkw)
 
 
 def test_backward_only_one_output_used():
@@ -584,12 +610,21 @@ for fn, extra, elements, warps in (
             if any(" 0 bytes spill stores" not in line for line in spills):
                 sys.exit(f"{fn.__name__} {dtype}: register spills: {spills}")
         print("compiled", fn.__name__, dtype)
+
+for dtype in ("bf16", "fp16", "fp32"):
+    fn = K.weight_grad_kernel
+    consts = dict(BLOCK_R=Q.WEIGHT_GRAD_BLOCK_ROWS, BLOCK_C=Q.WEIGHT_GRAD_BLOCK_COLUMNS)
+    sig = {n: "constexpr" if n in consts else "*" + dtype if n in ("dqw_ptr", "dkw_ptr")
+           else "*fp32" if n.endswith("_ptr") else "i32" for n in fn.arg_names}
+    triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
+                   options={"num_warps": Q.WEIGHT_GRAD_WARPS})
+    print("compiled", fn.__name__, dtype)
 """
 
 
 def test_kernels_compile_for_sm90_without_spills():
     """The four kernels (per-head and per-token norm, forward and backward), three variants each
-    (dtypes, table forms, styles, tails, positions), compiled
+    (dtypes, table forms, styles, tails, positions), and the weight gradients' reduction, compiled
     to sm_90 PTX by Triton (and through ptxas, with no register spill, when it is on PATH): a
     typing error the interpreter lets through fails here."""
     import os
@@ -602,4 +637,4 @@ def test_kernels_compile_for_sm90_without_spills():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SM90], capture_output=True, text=True,
                        cwd=root, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("compiled") == 12
+    assert r.stdout.count("compiled") == 15

@@ -68,15 +68,17 @@ per-head kernels' (first guesses here too).
 
 Deterministic weight gradients
 ------------------------------
-Each backward program sums ``dz * x_hat`` over its heads and its run of tokens in registers
-and writes one fp32 row of a ``[programs, head_dim]`` buffer; ``torch.sum`` over the rows (a
-fixed-order reduction) gives dweight. Cost: the buffer's write and read, ``2 * 4 * head_dim``
-bytes per program, against the ``3 * heads * head_dim * itemsize`` bytes the program moves for
-dx: about ``8 / (3 * heads_per_block * tokens_per_program * itemsize)`` extra (0.5% at head_dim
-128 in bf16: 16 heads and 16 tokens a program), plus one small reduction launch. The run's length
-follows the grid (:func:`backward_tokens_per_program`): one token a program while the grid is
-small (parallelism first), so the row count never exceeds ``BACKWARD_PROGRAMS_PER_SM`` per SM
-once there are more tokens.
+Each backward program sums ``dz * x_hat`` over its heads and its group of tokens in registers
+and writes one fp32 row of a ``[programs, head_dim]`` buffer; one more launch
+(:func:`weight_grads`) sums the rows of q's and k's buffers in a fixed order and rounds once to
+the weights' dtype. Cost: the buffer's write and read, ``2 * 4 * head_dim`` bytes per program,
+against the ``3 * heads * head_dim * itemsize`` bytes the program moves for dx: about
+``8 / (3 * heads_per_block * tokens_per_program * itemsize)`` extra (0.5% at head_dim 128 in
+bf16: 16 heads and 16 tokens a program), plus the reduction's launch (1.6-1.7 us on the H100 at
+Qwen3-8B's heads from 4k to 32k tokens; a ``torch.sum`` and a cast per weight took 8-9 us in
+four launches). The group's size follows the grid (:func:`backward_tokens_per_program`): one
+token a program while the grid is small (parallelism first), so the row count never exceeds
+``BACKWARD_PROGRAMS_PER_SM`` per SM once there are more tokens.
 """
 from __future__ import annotations
 
@@ -125,8 +127,8 @@ TOKEN_BWD_BLOCK_ELEMENTS = 512
 # the loads wait in shared memory: 128 registers and 18.4 KB a program (ncu, H100). fp32 holds
 # twice the registers per element: 256, the most that compiles without a spill.
 HEAD_BWD_BLOCK_ELEMENTS = {(2, False): 2048, (2, True): 1024, (4, False): 256, (4, True): 256}
-# The per-head backward's grid follows the device: its runs of tokens are as long as it takes to
-# cut the grid to about BACKWARD_PROGRAMS_PER_SM programs per SM (one token a program below
+# The per-head backward's grid follows the device: its groups of tokens are as large as it takes
+# to cut the grid to about BACKWARD_PROGRAMS_PER_SM programs per SM (one token a program below
 # that): fewer weight-gradient partial rows, and no long tail of programs. The best budget is
 # sharp and differs by GPU (tools/qknorm_launch_sweep.py, results/README.md, 2026-11-27; bf16,
 # 2048 elements, 3 stages): on the H100 3 per SM took Qwen3-8B's heads at 4k, 4 x 4k and 32k
@@ -155,6 +157,14 @@ BACKWARD_WARPS = 4
 # at 16k 151.6 -> 144.6; Gemma3's heads of 256 at 8k 107.3 -> 137.1, hence the limit.
 BACKWARD_STAGES = 3
 PIPELINED_MAX_HEAD_DIM = 128
+# The weight gradients' reduction (weight_grads): programs of 8 columns (a head of 128 is 16 of
+# them per tensor), each summing its rows 128 at a time on 4 warps. H100, Qwen3-8B's heads, the
+# partial rows of 4k to 32k tokens (256-264 + 128-132 rows of 128): 1.6-1.7 us, against 2.4-2.6
+# at 32 columns x 32 rows and 1.7-2.0 at 8 x 256, 16 x 64 to 16 x 256 or 4 x 256 (one run each,
+# 2026-11-27).
+WEIGHT_GRAD_BLOCK_COLUMNS = 8
+WEIGHT_GRAD_BLOCK_ROWS = 128
+WEIGHT_GRAD_WARPS = 4
 
 
 @dataclass(frozen=True)
@@ -400,7 +410,7 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
 
 
 def backward_tokens_per_program(tokens: int, head_blocks: int, device: torch.device) -> int:
-    """The per-head backward's run of tokens a program: the shortest that keeps the grid
+    """The per-head backward's tokens a program: the fewest that keep the grid
     (token groups x head blocks) within about ``BACKWARD_PROGRAMS_PER_SM`` programs per SM, and
     at least one. A CPU tensor (the Triton interpreter) counts as one SM."""
     sms = 1
@@ -460,9 +470,22 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
                 STAGES=(BACKWARD_STAGES if triton.next_power_of_2(g.head_dim)
                         <= PIPELINED_MAX_HEAD_DIM else 1),
                 num_warps=BACKWARD_WARPS, **kw)
-    dqw = qpart.sum(0).to(q_weight.dtype)
-    dkw = kpart.sum(0).to(k_weight.dtype)
-    return dq, dk, dqw, dkw
+    return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight)
+
+
+def weight_grads(qpart: Tensor, kpart: Tensor, q_weight: Tensor,
+                 k_weight: Tensor) -> tuple[Tensor, Tensor]:
+    """(dq_weight, dk_weight): the fp32 partial rows' column sums in a fixed order, in the
+    weights' dtypes, in one launch."""
+    dqw = _alloc.empty(q_weight.shape, dtype=q_weight.dtype, device=q_weight.device)
+    dkw = _alloc.empty(k_weight.shape, dtype=k_weight.dtype, device=k_weight.device)
+    cols = max(qpart.shape[1], kpart.shape[1])
+    with _triton.device_guard(qpart.device):
+        K.weight_grad_kernel[(triton.cdiv(cols, WEIGHT_GRAD_BLOCK_COLUMNS), 2)](
+            qpart, kpart, dqw, dkw, qpart.shape[0], kpart.shape[0], qpart.shape[1],
+            kpart.shape[1], BLOCK_R=WEIGHT_GRAD_BLOCK_ROWS, BLOCK_C=WEIGHT_GRAD_BLOCK_COLUMNS,
+            num_warps=WEIGHT_GRAD_WARPS)
+    return dqw, dkw
 
 
 def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
@@ -482,7 +505,7 @@ def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_
                 *_strides(dk, layout), q_weight.stride(0), k_weight.stride(0),
                 BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, TOKENS_PER_PROGRAM=tpp,
                 num_warps=BACKWARD_WARPS, **kw)
-    return dq, dk, qpart.sum(0).to(q_weight.dtype), kpart.sum(0).to(k_weight.dtype)
+    return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight)
 
 
 # ---- custom ops ----------------------------------------------------------------------------------

@@ -14,15 +14,16 @@ axis (one launch for both):
 5. ``y1 = z1 c1 - z2 s1``, ``y2 = z2 c2 + z1 s2`` (the float64 oracle's ``x c + rot(x) s``), tail
    ``y = z``; one rounding to the output dtype at the store.
 
-Backward, one program per (a run of tokens, block of heads), recomputing rstd from
+Backward, one program per (a group of tokens, block of heads), recomputing rstd from
 the saved input (it has to read x anyway for x_hat, so saving rstd in the forward would only add
 a write). With ``x_hat = x * rstd`` and ``W = w`` (or ``1 + w``):
 
 * ``dz = R(-theta) dy``, the rotation's transpose: ``dz1 = dy1 c1 + dy2 s2``,
   ``dz2 = dy2 c2 - dy1 s1`` (exact for tables whose two members differ); tail ``dz = dy``;
 * ``dweight += dz * x_hat``, summed per lane over the program's tokens, then over its heads, in
-  registers, and written as one fp32 row of a ``[programs, D]`` buffer, which the host sums over its first axis: a fixed
-  order, so the weight gradients are deterministic, run to run;
+  registers, and written as one fp32 row of a ``[programs, D]`` buffer, whose columns
+  ``weight_grad_kernel`` sums in a fixed order: the weight gradients are deterministic, run to
+  run;
 * ``dx_hat = dz * W``; ``dx = rstd * (dx_hat - x_hat * mean(dx_hat * x_hat))``.
 
 Index width: token ids and head ids are int64 before any pointer arithmetic. Lanes past the
@@ -195,16 +196,17 @@ def qk_norm_rope_fwd_kernel(
 
 
 @triton.jit
-def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, T, S, h0, n_heads,
-                    eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
+def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, token_step, T, S, h0,
+                    n_heads, eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
                     sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds, sdh, sdd, sw,
                     D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
                     TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
                     TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
                     HAS_TAIL: tl.constexpr, tokens_per_program, STAGES: tl.constexpr):
-    """dx for heads h0 .. h0 + BLOCK_H - 1 of tokens tok0 .. tok0 + tokens_per_program - 1, and
-    their weight-gradient partial sum as row ``part_row`` of the [programs, D] buffer. STAGES > 1
-    asks Triton's pipeliner to issue a later token's loads while a token is computed."""
+    """dx for heads h0 .. h0 + BLOCK_H - 1 of the tokens tok0 + i * token_step, i below
+    tokens_per_program, and their weight-gradient partial sum as row ``part_row`` of the
+    [programs, D] buffer. STAGES > 1 asks Triton's pipeliner to issue a later token's loads while
+    a token is computed."""
     h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
     w1, w2, wt = _weights(w_ptr, sw, D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, GEMMA)
     j, o1, o2 = _members(HALF, PAIR_BLOCK, INTERLEAVED)
@@ -215,7 +217,7 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, T, S,
     acc2 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
     acct = tl.zeros([BLOCK_H, TAIL_BLOCK], dtype=tl.float32)
     for i in tl.range(tokens_per_program, num_stages=STAGES):
-        tok = tok0 + i
+        tok = tok0 + i * token_step
         valid = tok < T
         b = tok // S
         s = tok - b * S
@@ -266,25 +268,29 @@ def qk_norm_rope_bwd_kernel(
         TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr,
         STAGES: tl.constexpr):
     """Grid (token groups, q head blocks + k head blocks): dq, dk and the weight-gradient
-    partial rows (q: row ``group * Q_BLOCKS + block``; k likewise with K_BLOCKS). A head block's
-    groups are adjacent here, unlike the forward's grid: with a group's head blocks adjacent
-    instead, the backward took 7% longer at Qwen3-8B's 4 x 4096 tokens (H100, bf16, 2048
-    elements, 16 tokens a program: 228.9 against 213.5 us in one run)."""
+    partial rows (q: row ``group * Q_BLOCKS + block``; k likewise with K_BLOCKS). Group g takes
+    tokens g, g + groups, g + 2 * groups, ...: the programs running at one time read and write
+    neighbouring tokens, as a copy would. Contiguous runs of tokens (g * tokens_per_program on)
+    were 1-4% slower (H100, bf16, Qwen3-8B's heads, 3 programs per SM: 51.9, 190.5 and 374.8 us
+    against 50.9, 186.1 and 367.3 at 4k, 4 x 4k and 32k tokens; one run, 2026-11-27).
+    A head block's groups are adjacent here, unlike the forward's grid: with a group's head
+    blocks adjacent instead, the backward took 7% longer at Qwen3-8B's 4 x 4096 tokens (H100,
+    bf16, 2048 elements, 16 contiguous tokens a program: 228.9 against 213.5 us in one run)."""
     grp = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
-    tok0 = grp * tokens_per_program
+    token_step = tl.num_programs(0).to(tl.int64)
     if hb < Q_BLOCKS:
-        _backward_heads(q_ptr, gq_ptr, dq_ptr, qw_ptr, qpart_ptr, grp * Q_BLOCKS + hb, tok0, T,
-                        S, hb.to(tl.int64) * BLOCK_HQ, HQ, eps, pos_ptr, psb, pss, cos_ptr,
-                        sin_ptr, inv_ptr, rows, tsr, tsc, sqb, sqs, sqh, sqd,
+        _backward_heads(q_ptr, gq_ptr, dq_ptr, qw_ptr, qpart_ptr, grp * Q_BLOCKS + hb, grp,
+                        token_step, T, S, hb.to(tl.int64) * BLOCK_HQ, HQ, eps, pos_ptr, psb, pss,
+                        cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, sqb, sqs, sqh, sqd,
                         sgqb, sgqs, sgqh, sgqd, sdqb, sdqs, sdqh, sdqd, sqw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, TABLE, HAS_POS,
                         GEMMA, HAS_TAIL, tokens_per_program, STAGES)
     else:
         kb = hb - Q_BLOCKS
-        _backward_heads(k_ptr, gk_ptr, dk_ptr, kw_ptr, kpart_ptr, grp * K_BLOCKS + kb, tok0, T,
-                        S, kb.to(tl.int64) * BLOCK_HK, HK, eps, pos_ptr, psb, pss, cos_ptr,
-                        sin_ptr, inv_ptr, rows, tsr, tsc, skb, sks, skh, skd,
+        _backward_heads(k_ptr, gk_ptr, dk_ptr, kw_ptr, kpart_ptr, grp * K_BLOCKS + kb, grp,
+                        token_step, T, S, kb.to(tl.int64) * BLOCK_HK, HK, eps, pos_ptr, psb, pss,
+                        cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, skb, sks, skh, skd,
                         sgkb, sgks, sgkh, sgkd, sdkb, sdks, sdkh, sdkd, skw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, TABLE, HAS_POS,
                         GEMMA, HAS_TAIL, tokens_per_program, STAGES)
@@ -498,6 +504,36 @@ def qk_token_norm_rope_bwd_kernel(
                         GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM)
 
 
+
+# ---- the weight gradients: the partial rows' column sums ----------------------------------------
+@triton.jit
+def _column_sums(part_ptr, out_ptr, rows, cols, c0, BLOCK_R: tl.constexpr,
+                 BLOCK_C: tl.constexpr):
+    """Columns c0 .. c0 + BLOCK_C - 1 of a contiguous fp32 ``[rows, cols]`` buffer summed over its
+    rows, in a fixed order, rounded once to the output's dtype."""
+    c = c0 + tl.arange(0, BLOCK_C)[None, :]
+    cm = c < cols
+    acc = tl.zeros([BLOCK_R, BLOCK_C], dtype=tl.float32)
+    for r0 in range(0, rows, BLOCK_R):
+        r = (r0 + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]
+        acc += tl.load(part_ptr + r * cols + c, mask=(r < rows) & cm, other=0.0)
+    tl.store(out_ptr + c, tl.sum(acc, axis=0)[None, :].to(out_ptr.dtype.element_ty), mask=cm)
+
+
+@triton.jit
+def weight_grad_kernel(qpart_ptr, kpart_ptr, dqw_ptr, dkw_ptr, q_rows, k_rows, q_cols, k_cols,
+                       BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """Grid (column blocks, 2): dq_weight (y 0) and dk_weight (y 1) from the backward's partial
+    rows, both in one launch."""
+    c0 = tl.program_id(0) * BLOCK_C
+    if tl.program_id(1) == 0:
+        if c0 < q_cols:
+            _column_sums(qpart_ptr, dqw_ptr, q_rows, q_cols, c0, BLOCK_R, BLOCK_C)
+    else:
+        if c0 < k_cols:
+            _column_sums(kpart_ptr, dkw_ptr, k_rows, k_cols, c0, BLOCK_R, BLOCK_C)
+
+
 __all__ = ["TABLE_COMPUTED", "TABLE_FULL", "TABLE_HALF", "qk_norm_rope_fwd_kernel",
            "qk_norm_rope_bwd_kernel", "qk_token_norm_rope_fwd_kernel",
-           "qk_token_norm_rope_bwd_kernel"]
+           "qk_token_norm_rope_bwd_kernel", "weight_grad_kernel"]
