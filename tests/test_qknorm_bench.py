@@ -132,3 +132,39 @@ def test_token_norm_oracle_tiles_the_weight():
     per_head = bench.oracle(shape, args, "forward")
     token = bench.oracle(shape, args, "forward", norm="token")
     torch.testing.assert_close(token[0], per_head[0], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.gpu
+def test_measure_times_every_row_in_interleaved_rounds(monkeypatch):
+    """One small shape, both directions: every row the oracle passes gets a time (a backward's
+    is its step's minus its forward's), every call is timed ROUNDS times, the copy rows come
+    first, and a row whose timing fails once gets the reason while the others keep theirs."""
+    from ports.harness import timing
+
+    monkeypatch.setattr(bench, "ROUNDS", 2)
+    timed = []  # keeps every timed call alive, so their ids stay distinct
+    real = timing.graph_median_us
+
+    def counting(fn, *, rep_ms):
+        timed.append(fn)
+        if getattr(fn, "__name__", "") == "step" and sum(
+                getattr(f, "__name__", "") == "step" for f in timed) == 1:
+            raise RuntimeError("capture failed")  # the first backward step's first round
+        return real(fn, rep_ms=rep_ms)
+
+    monkeypatch.setattr(timing, "graph_median_us", counting)
+    rows = bench.measure(bench.Shape("tiny", 2, 64, 4, 2, 64), torch.bfloat16, rep_ms=5,
+                         check=True)
+    for direction in ("forward", "backward"):
+        assert [r["impl"] for r in rows if r["direction"] == direction][0] == "copy"
+    fused = next(r for r in rows if r["impl"] == "fastrope fused" and r["direction"] == "forward")
+    assert fused["err_ulp"] <= 1 and 0 < fused["us"] < 1e6 and fused["copy_us"] > 0
+    failed = [r for r in rows if r.get("reason") == "RuntimeError: capture failed"]
+    assert len(failed) == 1 and failed[0]["direction"] == "backward" and failed[0]["us"] is None
+    for r in rows:
+        if r["us"] is None:
+            assert r in failed or r["reason"].startswith("unsupported"), r
+        elif r["direction"] == "backward" and r["impl"] != "copy":
+            assert r["us"] == pytest.approx(r["step_us"] - r["forward_us"])
+    assert sum(r["us"] is not None for r in rows) >= 8
+    assert len(timed) == 2 * len(set(map(id, timed)))

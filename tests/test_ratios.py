@@ -180,7 +180,7 @@ def test_run_case_on_cpu_times_nothing():
 @pytest.mark.gpu
 def test_copy_us_times_a_real_copy():
     """Event and replayed times of the same copy: finite, and longer for 64x the bytes."""
-    fn = timing._copy_of(1 << 20)
+    fn = timing.copy_of(1 << 20)
     dst, src = fn.args
     dst.zero_()
     fn()

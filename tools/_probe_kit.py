@@ -1,4 +1,4 @@
-"""What the fastrope probes under tools/ share (GPU only): inputs and interleaved timing.
+"""What the fastrope probes under tools/ share (GPU only): their inputs.
 
 Not a tool itself; the tools import it (run them from the repository root with ``python -m``).
 Kernel variants and fixed plans come from the package's experiment interface,
@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ports.harness.timing import median_us
-
-__all__ = ["decode_inputs", "make", "min_of_interleaved"]
+__all__ = ["decode_inputs", "make"]
 
 
 def make(layout, shape, dtype):
@@ -32,11 +30,3 @@ def decode_inputs(b=64):
     offs = torch.randint(0, 4095, (b,), device="cuda")
     return x, cos, sin, offs, cos[offs][:, None, :], sin[offs][:, None, :]
 
-
-def min_of_interleaved(calls, reps=3, timer=median_us):
-    """The minimum over ``reps`` rounds of each call's median, rounds interleaved across calls."""
-    times = {k: [] for k in calls}
-    for _ in range(reps):
-        for k, f in calls.items():
-            times[k].append(timer(f))
-    return {k: min(v) for k, v in times.items()}

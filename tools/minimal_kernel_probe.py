@@ -24,10 +24,9 @@ import torch
 from ports import registry
 from ports.fastrope import experiment
 from ports.harness.suites import get_suite
-from ports.harness.timing import copy_us, graph_median_us
+from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from reference.case import make_inputs
 from reference.tables import first_members
-from tools._probe_kit import min_of_interleaved
 
 FASTROPE = ("fastrope.rope", "fastrope.rope_inplace")
 PEERS = ("liger.rope", "flash_attn.apply_rotary", "flash_attn.apply_rotary_inplace")

@@ -21,10 +21,9 @@ import torch
 
 from ports import registry
 from ports.fastrope import experiment
-from ports.harness.timing import copy_us, graph_median_us
+from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from reference.case import RopeCase, make_inputs
 from reference.tables import first_members
-from tools._probe_kit import min_of_interleaved
 
 ROW16 = "16-bit past the L2: 8-byte accesses, 2 or 4 heads"
 COMPILED = "torch.compile(hf_rotate_half)"

@@ -33,8 +33,7 @@ import torch
 from ports.fastrope import qknorm
 from ports.harness import qknorm_bench as bench
 from ports.harness.env import driver_version, metadata
-from ports.harness.timing import copy_us, graph_median_us
-from tools._probe_kit import min_of_interleaved
+from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 
 SHAPES = ["decode 64 tokens", "qwen3-8b prefill 4k", "qwen3-8b train 4x4k",
           "qwen3-8b prefill 32k"]

@@ -45,12 +45,12 @@ def copy_us(nbytes: int, device_index: int = 0, *, graph: bool = False) -> float
     event timed (``graph``: replayed from a CUDA graph); its buffers are freed before it
     returns."""
     with torch.cuda.device(device_index):
-        us = (graph_median_us if graph else median_us)(_copy_of(nbytes))
+        us = (graph_median_us if graph else median_us)(copy_of(nbytes))
         torch.cuda.empty_cache()
     return us
 
 
-def _copy_of(nbytes: int):
+def copy_of(nbytes: int):
     """A call that copies ``nbytes`` (half the bytes moved) device to device, on random data, in
     pieces of at most COPY_PIECE_BYTES; its ``args`` are ``(dst, src)``."""
     src = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").normal_()
@@ -63,3 +63,14 @@ def _copy_of(nbytes: int):
 
     copy.args = (dst, src)
     return copy
+
+
+def min_of_interleaved(calls: dict, reps: int = 3, timer=median_us) -> dict:
+    """The minimum over ``reps`` rounds of each call's ``timer`` (a median), the rounds
+    interleaved across the calls: a clock or neighbour drift during one call's timing moves
+    every call alike instead of one."""
+    times = {k: [] for k in calls}
+    for _ in range(reps):
+        for k, f in calls.items():
+            times[k].append(timer(f))
+    return {k: min(v) for k, v in times.items()}
