@@ -460,7 +460,8 @@ def data_file(rows: list[dict], *, dtype: str, command: str, previous: dict | No
     return {
         "document": "ports/fastrope/DESIGN.md",
         "section": "Fused QK-norm + RoPE",
-        "context": (f"The qknorm suite ({dtype}): median us per call from CUDA-graph replays; "
+        "context": (f"The qknorm suite ({dtype}): median us per call from CUDA-graph "
+                    f"replays, the fastest of {ROUNDS} rounds interleaved across the rows; "
                     "backward: a forward + backward step captured together minus the forward "
                     "alone (autograd's backward cannot be captured apart from its forward); "
                     "% copy: a "
