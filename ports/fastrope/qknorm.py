@@ -75,7 +75,7 @@ the weights' dtype. Cost: the buffer's write and read, ``2 * 4 * head_dim`` byte
 against the ``3 * heads * head_dim * itemsize`` bytes the program moves for dx: about
 ``8 / (3 * heads_per_block * tokens_per_program * itemsize)`` extra (0.5% at head_dim 128 in
 bf16: 16 heads and 16 tokens a program), plus the reduction's launch (1.6-1.7 us on the H100 at
-Qwen3-8B's heads from 4k to 32k tokens; a ``torch.sum`` and a cast per weight took 8-9 us in
+Qwen3-8B's heads from 4k to 32k tokens; a ``torch.sum`` and a cast per weight took 12-15 us in
 four launches). The group's size follows the grid (:func:`backward_tokens_per_program`): one
 token a program while the grid is small (parallelism first), so the row count never exceeds
 ``BACKWARD_PROGRAMS_PER_SM`` per SM once there are more tokens.

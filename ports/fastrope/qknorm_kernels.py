@@ -271,7 +271,7 @@ def qk_norm_rope_bwd_kernel(
     partial rows (q: row ``group * Q_BLOCKS + block``; k likewise with K_BLOCKS). Group g takes
     tokens g, g + groups, g + 2 * groups, ...: the programs running at one time read and write
     neighbouring tokens, as a copy would. Contiguous runs of tokens (g * tokens_per_program on)
-    were 1-4% slower (H100, bf16, Qwen3-8B's heads, 3 programs per SM: 51.9, 190.5 and 374.8 us
+    were 2-4% slower (H100, bf16, Qwen3-8B's heads, 3 programs per SM: 51.9, 190.5 and 374.8 us
     against 50.9, 186.1 and 367.3 at 4k, 4 x 4k and 32k tokens; one run, 2026-11-27).
     A head block's groups are adjacent here, unlike the forward's grid: with a group's head
     blocks adjacent instead, the backward took 7% longer at Qwen3-8B's 4 x 4096 tokens (H100,
