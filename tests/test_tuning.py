@@ -93,17 +93,23 @@ def test_two_tables_for_one_family_are_refused(monkeypatch, tmp_path):
 
 
 def test_every_shipped_tables_qknorm_entry_is_valid():
-    """A table's fused QK-norm constants are DEVICE_TUNED names with positive ints, chosen by
-    committed sweeps of the table's own GPU."""
+    """A table's fused QK-norm constants are DEVICE_TUNED names with positive ints, chosen on
+    the table's own GPU: by ``tune --qknorm`` (its run and measurements in the table) or by
+    committed sweeps copied in by hand (``qknorm_source``)."""
     root = tuning.TUNED_DIR.parents[2]
     for family, table in tuning.tables().items():
         constants = table.get("qknorm", {})
         assert set(constants) <= set(qknorm.DEVICE_TUNED), family
         assert all(isinstance(v, int) and v > 0 for v in constants.values()), family
-        assert bool(constants) == bool(table.get("qknorm_source")), family
-        for source in table.get("qknorm_source", ()):
+        sources = table.get("qknorm_source", ())
+        run = table.get("qknorm_run")
+        assert bool(constants) == (bool(sources) != bool(run)), family  # exactly one provenance
+        for source in sources:
             data = json.loads((root / source).read_text(encoding="utf-8"))
             assert data["gpu"] == table["gpu"] and "qknorm_launch_sweep" in data["command"][0]
+        if run:
+            assert run["gpu"] == table["gpu"] and "--qknorm" in run["command"], family
+            assert table["qknorm_measurements"], family
 
 
 def test_qknorm_constants_come_from_forced_then_the_family_table_then_the_module(
@@ -303,3 +309,178 @@ def test_step_heads_where_the_blocks_hold_two_warps(monkeypatch, shape, k_heads,
     assert heads(None) == own
     assert heads(alternatives[0]) == fixed_4
     assert heads(alternatives[1]) == two_warps
+
+
+# ---- the fused QK-norm's constants (tune --qknorm) -------------------------------------------
+def test_qknorm_candidates_leave_out_the_module_values():
+    from ports.harness import qknorm_tune as qt
+
+    own = qt.own_values()
+    assert set(own) == set(qknorm.DEVICE_TUNED)
+    rows = qt.candidates()
+    assert set(rows) == {qt.FORWARD, qt.BACKWARD}
+    for alternatives in rows.values():
+        assert alternatives and all(any(own[k] != v for k, v in c.items())
+                                    for c in alternatives.values())
+    assert "BACKWARD_PROGRAMS_PER_SM=4" in rows[qt.BACKWARD]
+    assert f"BACKWARD_PROGRAMS_PER_SM={own['BACKWARD_PROGRAMS_PER_SM']}" not in rows[qt.BACKWARD]
+    assert qt.constants_of({}) == own
+    fwd = "HEAD_FWD_BLOCK_ELEMENTS=1024, HEAD_FWD_WARPS=1"
+    assert qt.constants_of({qt.FORWARD: fwd}) == dict(own, HEAD_FWD_BLOCK_ELEMENTS=1024,
+                                                      HEAD_FWD_WARPS=1)
+
+
+def test_qknorm_forced_sets_every_constant_and_restores(monkeypatch):
+    from ports.harness import qknorm_tune as qt
+
+    monkeypatch.setattr(qknorm, "FORCED", {"HEAD_FWD_WARPS": 7})
+    with qt.forced({"BACKWARD_PROGRAMS_PER_SM": 5}):
+        assert qknorm.FORCED == dict(qt.own_values(), BACKWARD_PROGRAMS_PER_SM=5)
+    assert qknorm.FORCED == {"HEAD_FWD_WARPS": 7}
+
+
+def _qknorm_measurements(qt):
+    def m(row, alt, case, ratio):
+        return dict(row=row, alternative=alt, case=case, same_plan=False, own_us=10.0,
+                    us=10.0 * ratio, ratio=ratio)
+
+    fwd = "HEAD_FWD_BLOCK_ELEMENTS=1024, HEAD_FWD_WARPS=1"
+    return [m(qt.FORWARD, fwd, "a", 0.90), m(qt.FORWARD, fwd, "b", 0.95),
+            m(qt.BACKWARD, "BACKWARD_PROGRAMS_PER_SM=4", "a", 0.995),  # within the margin
+            m(qt.BACKWARD, "BACKWARD_PROGRAMS_PER_SM=2", "a", 1.20)]
+
+
+def test_tune_qknorm_writes_the_entry_and_keeps_the_plan(monkeypatch, tmp_path, capsys):
+    """``--qknorm`` replaces the family table's QK-norm entry (constants, run, scores and
+    measurements; a hand-copied ``qknorm_source`` goes) and keeps its plan choices; a later plan
+    run keeps the entry."""
+    from ports.harness import env, qknorm_tune as qt
+
+    row = "streaming past the L2"
+    old = dict(family=H100, command="tune", commit="a", gpu="g", date="d",
+               choices={row: "plain accesses"}, scores=[dict(row=row, alternative="x")],
+               measurements=[dict(row=row, alternative="x", case="c")],
+               qknorm={"BACKWARD_PROGRAMS_PER_SM": 9}, qknorm_source=["results/data/x.json"])
+    out = tmp_path / "t.json"
+    out.write_text(json.dumps(old))
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("torch.cuda.current_device", lambda: 0)
+    monkeypatch.setattr(tuning, "device_family", lambda index: H100)
+    monkeypatch.setattr(env, "metadata", lambda: dict(
+        gpu="g", torch="t", triton="tr", cupy="c", python="p", git_sha="sha",
+        timestamp="2026-11-27T00:00:00"))
+    monkeypatch.setattr(env, "driver_version", lambda: "drv")
+    monkeypatch.setattr(qt, "measure", lambda rounds, rep_ms, progress: _qknorm_measurements(qt))
+    assert tune.main(["--qknorm", "--out", str(out), "--json", str(tmp_path / "s.json")]) == 0
+    table = json.loads(out.read_text())
+    assert table["choices"] == {row: "plain accesses"} and "qknorm_source" not in table
+    assert table["qknorm"] == dict(qt.own_values(), HEAD_FWD_BLOCK_ELEMENTS=1024,
+                                   HEAD_FWD_WARPS=1)
+    assert table["qknorm_run"]["command"] == "python -m ports.harness.tune --qknorm"
+    assert table["qknorm_run"]["choices"] == {qt.FORWARD: "HEAD_FWD_BLOCK_ELEMENTS=1024, "
+                                                          "HEAD_FWD_WARPS=1"}
+    assert len(table["qknorm_measurements"]) == 4
+    assert any(s["chosen"] for s in table["qknorm_scores"])
+    scores = json.loads((tmp_path / "s.json").read_text())
+    assert "fused QK-norm" in scores["context"] and len(scores["rows"]) == len(
+        table["qknorm_scores"])
+    assert "qknorm:" in capsys.readouterr().out
+    new = dict(family=H100, command="tune", commit="b", gpu="g", date="d", choices={},
+               scores=[], measurements=[])
+    kept = tune.keep_other_rows(table, new, [row])
+    assert {k: kept[k] for k in table if k.startswith("qknorm")} == {
+        k: table[k] for k in table if k.startswith("qknorm")}
+
+
+def test_tune_qknorm_starts_a_table_for_a_new_family():
+    from ports.harness import qknorm_tune as qt
+
+    table = tune.with_qknorm(None, H200, qt.own_values(), dict(command="c"), [], [dict(x=1)])
+    assert table["family"] == H200 and table["choices"] == {}
+    assert table["qknorm"] == qt.own_values() and table["qknorm_measurements"] == [dict(x=1)]
+    other = tune.with_qknorm(dict(family=H100, choices={"r": "a"}), H200, {}, {}, [], [])
+    assert other["choices"] == {}  # another family's table is not this one's
+
+
+def test_tune_qknorm_refuses_rows(capsys):
+    with pytest.raises(SystemExit) as e:
+        tune.main(["--qknorm", "--rows", "streaming past the L2"])
+    assert e.value.code == 2 and "leave out --rows" in capsys.readouterr().err
+
+
+def test_qknorm_measure_checks_then_times_every_candidate(monkeypatch):
+    """measure's plumbing on a tiny shape (CPU tensors under the interpreter without a GPU; a
+    stand-in timer): a ratio per (row, alternative, case), the constants restored after, and a
+    candidate whose answer differs from the module's values refused."""
+    from ports.harness import qknorm_bench as bench
+    from ports.harness import qknorm_tune as qt
+    from ports.harness import timing
+
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(bench, "inputs", lambda shape, dtype, grad: tuple(
+            t.requires_grad_(grad and i < 4) for i, t in enumerate(_cpu_inputs(shape, dtype))))
+    tiny = bench.Shape("tiny", 1, 6, 4, 2, 16)
+    monkeypatch.setattr(bench, "SHAPES", [tiny])
+    monkeypatch.setattr(qt, "FORWARD_SETTINGS", ((512, 1), (1024, 1)))
+    monkeypatch.setattr(qt, "BACKWARD_SETTINGS", (3, 4))
+    monkeypatch.setattr(qknorm, "FORCED", {})
+    times = iter(range(1, 10**6))
+    monkeypatch.setattr(timing, "graph_median_us", lambda fn, rep_ms: float(next(times)))
+    seen = []
+    ms = qt.measure(2, 1, seen.append, shapes=["tiny"])
+    assert ms == seen and {m["row"] for m in ms} == {qt.FORWARD, qt.BACKWARD}
+    assert {m["case"] for m in ms} == {"tiny out of place", "tiny in place", "tiny"}
+    assert all(m["ratio"] > 0 and not m["same_plan"] for m in ms)
+    assert qknorm.FORCED == {}
+
+    real_check = qt._check
+
+    def off_by_one(results, ref, weights, label):  # the first candidate's answer is moved
+        off_by_one.calls += 1
+        if off_by_one.calls == 1:
+            results = [r + 1 for r in results]
+        return real_check(results, ref, weights, label)
+
+    off_by_one.calls = 0
+    monkeypatch.setattr(qt, "_check", off_by_one)
+    with pytest.raises(RuntimeError, match="another answer than the module's own values"):
+        qt.measure(1, 1, shapes=["tiny"])
+    assert qknorm.FORCED == {}
+
+
+def _cpu_inputs(shape, dtype):
+    """The qknorm suite's inputs for ``shape``, built on the CPU (the interpreter's device)."""
+    from reference.tables import rope_tables
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(shape.b, shape.s, shape.hq, shape.d, generator=g).to(dtype)
+    k = torch.randn(shape.b, shape.s, shape.hk, shape.d, generator=g).to(dtype)
+    qw = (torch.randn(shape.d, generator=g) * 0.1 + 1.0).to(dtype)
+    kw = (torch.randn(shape.d, generator=g) * 0.1 + 1.0).to(dtype)
+    cos, sin = rope_tables(shape.s, shape.d, device="cpu")
+    return q, k, qw, kw, cos, sin
+
+
+@pytest.mark.gpu
+def test_tune_qknorm_on_the_gpu(monkeypatch, tmp_path):
+    """The whole --qknorm run on one small shape with two settings a direction: every
+    candidate checked against the module's values, timed, and the table written."""
+    from ports.harness import qknorm_tune as qt
+
+    own = qt.own_values()
+    monkeypatch.setattr(qt, "SHAPES", ("qwen3-8b prefill 1k",))
+    monkeypatch.setattr(qt, "FORWARD_SETTINGS", (
+        (own["HEAD_FWD_BLOCK_ELEMENTS"], own["HEAD_FWD_WARPS"]),
+        (2 * own["HEAD_FWD_BLOCK_ELEMENTS"], own["HEAD_FWD_WARPS"])))
+    monkeypatch.setattr(qt, "BACKWARD_SETTINGS", (own["BACKWARD_PROGRAMS_PER_SM"] + 1,))
+    out = tmp_path / "t.json"
+    assert tune.main(["--qknorm", "--rounds", "1", "--out", str(out)]) == 0
+    table = json.loads(out.read_text())
+    cases = {(m["row"], m["case"]) for m in table["qknorm_measurements"]}
+    assert cases == {(qt.FORWARD, "qwen3-8b prefill 1k out of place"),
+                     (qt.FORWARD, "qwen3-8b prefill 1k in place"),
+                     (qt.BACKWARD, "qwen3-8b prefill 1k")}
+    assert all(m["us"] > 0 and m["own_us"] > 0 for m in table["qknorm_measurements"])
+    assert set(table["qknorm"]) == set(qknorm.DEVICE_TUNED)
+    assert qknorm.FORCED == {}
+

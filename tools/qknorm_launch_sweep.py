@@ -12,9 +12,9 @@ as a forward + backward step captured in one graph minus the forward alone (dy, 
 and dk written). CUDA-graph us, the minimum of 3 interleaved medians. Each setting's results
 are checked against the GPU's default's first: dq, dk and the outputs to one bf16 ulp (the sum
 of squares' order follows the block), the weight gradients to one bf16 ulp of their largest
-element (their sums' order follows the blocks and tokens). The winners of ``DEVICE_TUNED`` go
-into the family's tuning table by hand (its ``qknorm`` entry, ports/fastrope/tuning.py), the
-data files that chose them in its ``qknorm_source``. A results data file with ``--json``:
+element (their sums' order follows the blocks and tokens). This is the lab's wide sweep; the
+constants a GPU family's table sets (``DEVICE_TUNED``) are tuned and written by
+``python -m ports.harness.tune --qknorm``. A results data file with ``--json``:
 
     python -m tools.qknorm_launch_sweep [--direction forward|backward] [--shapes NAME ...]
         [--json FILE] [--commit SHA]

@@ -136,9 +136,9 @@ HEAD_BWD_BLOCK_ELEMENTS = {(2, False): 2048, (2, True): 1024, (4, False): 256, (
 # 169.0 and 315.6, 4 took 55.4, 151.3 and 295.8. The H100's 3 here; the H200's table sets 4.
 BACKWARD_PROGRAMS_PER_SM = 3
 # The launch constants a GPU family's tuning table may set for it (its "qknorm" entry, see
-# ports/fastrope/tuning.py), where the H100 and the H200 want different ones; the values above
-# serve every GPU without one. Names in FORCED win over both (the launch sweep's and
-# qknorm_bench --set's settings).
+# ports/fastrope/tuning.py; `python -m ports.harness.tune --qknorm` writes it), where the H100
+# and the H200 want different ones; the values above serve every GPU without one. Names in
+# FORCED win over both (the tuning's, the launch sweep's and qknorm_bench --set's settings).
 DEVICE_TUNED = ("HEAD_FWD_BLOCK_ELEMENTS", "HEAD_FWD_WARPS", "BACKWARD_PROGRAMS_PER_SM")
 FORCED: dict[str, int] = {}
 # The token-norm backward's tokens per program once there are enough programs anyway (a first

@@ -20,6 +20,12 @@ file (tools/results_tables.py renders it):
     python -m ports.harness.tune                        # write the device's table
     python -m ports.harness.tune --json results/data/tuning-h200.json --rounds 7
     python -m ports.harness.tune --rows "streaming past the L2"   # one row; the rest kept
+    python -m ports.harness.tune --qknorm               # the fused QK-norm's constants
+
+``--qknorm`` times the fused QK-norm's launch constants instead (:mod:`ports.harness.qknorm_tune`)
+and writes them, decided by the same rule, as the table's ``qknorm`` entry (with
+``qknorm_run``, ``qknorm_scores`` and ``qknorm_measurements``), keeping the plan's rows; a plan
+run keeps the entry.
 
 Needs an NVIDIA GPU; a few minutes on an H100 or an H200.
 """
@@ -180,19 +186,22 @@ def _measure(rows: list[str], rounds: int, rep_ms: int, progress) -> list[dict]:
     return measurements
 
 
-def choose(measurements: list[dict], rows: list[str], margin: float = MARGIN):
-    """The choices (row -> alternative) and the score rows the measurements give."""
+def choose(measurements: list[dict], rows: list[str], margin: float = MARGIN,
+           alternatives: dict[str, list[str]] | None = None):
+    """The choices (row -> alternative) and the score rows the measurements give;
+    ``alternatives``: each row's (default: plan.ALTERNATIVES)."""
     from ports.fastrope import plan
 
+    alternatives = plan.ALTERNATIVES if alternatives is None else alternatives
     choices, scores = {}, []
     for row in rows:
         ratios = {a: {m["case"]: m["ratio"] for m in measurements
                       if m["row"] == row and m["alternative"] == a and not m["same_plan"]}
-                  for a in plan.ALTERNATIVES[row]}
+                  for a in alternatives[row]}
         chosen, score = decide(ratios, margin)
         if chosen is not None:
             choices[row] = chosen
-        for a in plan.ALTERNATIVES[row]:
+        for a in alternatives[row]:
             g, worst = score.get(a, (None, None))
             scores.append(dict(row=row, alternative=a, cases=len(ratios[a]),
                                geomean=None if g is None else round(g, 4),
@@ -231,11 +240,24 @@ def keep_other_rows(old: dict, new: dict, rows: list[str]) -> dict:
 
     choices = {r: a for r, a in old.get("choices", {}).items() if r in other}
     choices.update(new["choices"])
-    # the fused QK-norm's entries come from their own sweep (tools/qknorm_launch_sweep.py)
-    kept = {k: old[k] for k in ("qknorm", "qknorm_source") if k in old}
+    # the fused QK-norm's entries come from their own run (--qknorm)
+    kept = {k: v for k, v in old.items() if k.startswith("qknorm")}
     return dict(new, **kept, choices={r: choices[r] for r in order if r in choices},
                 scores=merged("scores"), measurements=merged("measurements"),
                 runs=earlier + runs(new))
+
+
+def with_qknorm(old: dict | None, family: str, constants: dict[str, int], run: dict,
+                scores: list[dict], measurements: list[dict]) -> dict:
+    """The family's table (``old``, or a new one without plan choices) with its fused QK-norm
+    entry from a ``--qknorm`` run: ``qknorm`` (the constants), ``qknorm_run`` (command, commit,
+    GPU, date, margin, rounds, choices), ``qknorm_scores`` and ``qknorm_measurements``; an entry
+    of hand-copied sweeps (``qknorm_source``) is replaced."""
+    table = dict(old) if old is not None and old.get("family") == family else dict(
+        family=family, choices={}, scores=[], measurements=[], runs=[])
+    table.pop("qknorm_source", None)
+    return dict(table, qknorm=constants, qknorm_run=run, qknorm_scores=scores,
+                qknorm_measurements=measurements)
 
 
 def score_rows(scores: list[dict]) -> list[list[str]]:
@@ -258,12 +280,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="the table's path (default: ports/fastrope/tuned/<family>.json)")
     parser.add_argument("--json", type=pathlib.Path, default=None,
                         help="also write the scores as a results data file")
-    parser.add_argument("--rows", nargs="+", default=list(TRIALS), metavar="ROW",
+    parser.add_argument("--rows", nargs="+", default=None, metavar="ROW",
                         help="the rows to tune (default: every row with alternatives)")
+    parser.add_argument("--qknorm", action="store_true",
+                        help="tune the fused QK-norm's launch constants (the table's qknorm "
+                             "entry) instead of the plan's rows, keeping those")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help=f"default {ROUNDS}")
     parser.add_argument("--commit", default=None,
                         help="the commit measured (default: the checkout's)")
     args = parser.parse_args(argv)
+    if args.qknorm and args.rows is not None:
+        parser.error("--qknorm tunes the fused QK-norm's constants, no plan rows: leave out --rows")
+    args.rows = list(TRIALS) if args.rows is None else args.rows
     for row in args.rows:
         if row not in TRIALS:
             parser.error(f"no tunable row {row!r}; choose from {', '.join(map(repr, TRIALS))}")
@@ -279,32 +307,48 @@ def main(argv: list[str] | None = None) -> int:
         said = "same plan" if m["same_plan"] else f"{m['us']:.1f} / {m['own_us']:.1f} us"
         print(f"{m['row']} | {m['alternative']} | {m['case']}: {said}", flush=True)
 
-    measurements = _measure(args.rows, args.rounds, REP_MS, progress)
-    choices, scores = choose(measurements, args.rows)
-    plan.with_choices(choices)  # every choice names a row and alternative plan.py has
     meta = env.metadata()
-    command = "python -m ports.harness.tune" + (f" --rounds {args.rounds}"
-                                                if args.rounds != ROUNDS else "")
+    command = "python -m ports.harness.tune" + (" --qknorm" if args.qknorm else "") + (
+        f" --rounds {args.rounds}" if args.rounds != ROUNDS else "")
     if args.rows != list(TRIALS):
         command += " --rows " + " ".join(shlex.quote(r) for r in args.rows)
     provenance = dict(command=command, commit=args.commit or meta["git_sha"], gpu=meta["gpu"],
                       driver=env.driver_version(),
                       versions={k: meta[k] for k in ("torch", "triton", "cupy", "python")},
                       date=meta["timestamp"][:10])
-    table = dict(family=family, **provenance, margin=MARGIN, rounds=args.rounds,
-                 choices=choices, scores=scores, measurements=measurements)
-    if out.exists():
-        table = keep_other_rows(json.loads(out.read_text(encoding="utf-8")), table, args.rows)
+    old = json.loads(out.read_text(encoding="utf-8")) if out.exists() else None
+    if args.qknorm:
+        from ports.harness import qknorm_tune
+
+        measurements = qknorm_tune.measure(args.rounds, REP_MS, progress)
+        alternatives = {row: list(alts) for row, alts in qknorm_tune.candidates().items()}
+        choices, scores = choose(measurements, list(alternatives), alternatives=alternatives)
+        table = with_qknorm(old, family, qknorm_tune.constants_of(choices),
+                            dict(provenance, margin=MARGIN, rounds=args.rounds, choices=choices),
+                            scores, measurements)
+    else:
+        measurements = _measure(args.rows, args.rounds, REP_MS, progress)
+        choices, scores = choose(measurements, args.rows)
+        plan.with_choices(choices)  # every choice names a row and alternative plan.py has
+        table = dict(family=family, **provenance, margin=MARGIN, rounds=args.rounds,
+                     choices=choices, scores=scores, measurements=measurements)
+        if old is not None:
+            table = keep_other_rows(old, table, args.rows)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
     print(f"\n## {family} ({meta['gpu']}): {out}")
     print(tabulate(score_rows(scores), headers=SCORE_COLUMNS, tablefmt="github",
                    disable_numparse=True))
+    if args.qknorm:
+        print(f"qknorm: {table['qknorm']}")
     if args.json is not None:
+        what = ("the fused QK-norm's launch constants against the module's own values, "
+                "geometric mean and worst over the qknorm suite's Qwen3-8B shapes"
+                if args.qknorm else
+                "its row's own, geometric mean and worst over the cases where it changes the plan")
         data = dict(provenance, section="per-device tuning",
                     context=f"Tuning on {meta['gpu']} ({family}): each alternative's CUDA-graph "
-                            f"time over its row's own, geometric mean and worst over the cases "
-                            f"where it changes the plan ({args.rounds} rounds).",
+                            f"time over {what} ({args.rounds} rounds).",
                     columns=SCORE_COLUMNS, rows=score_rows(scores))
         args.json.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return 0

@@ -1,0 +1,175 @@
+"""The fused QK-norm's launch constants timed on the GPU at hand, for ``python -m
+ports.harness.tune --qknorm`` (which writes the winners as the ``qknorm`` entry of the GPU
+family's tuning table).
+
+The constants are :data:`ports.fastrope.qknorm.DEVICE_TUNED`. Each candidate is timed against the
+module's own values (what a GPU without a table runs) on the qknorm suite's Qwen3-8B shapes
+(:data:`SHAPES`, bf16, the suite's inputs), each direction on its own:
+
+* ``fused QK-norm forward``: ``HEAD_FWD_BLOCK_ELEMENTS`` and ``HEAD_FWD_WARPS``, out of place and
+  in place (two cases a shape);
+* ``fused QK-norm backward``: ``BACKWARD_PROGRAMS_PER_SM``, as a forward + backward step minus
+  the forward (one case a shape).
+
+A candidate's results are first checked against the own values' (one bf16 ulp; the weight
+gradients to one ulp of their largest element): a candidate that computes something else is an
+error, not a row. Times are CUDA-graph medians, the candidates of a case interleaved in each
+round; a candidate's ratio on a case is the median over rounds of its time over the own values'
+in the same round. The measurements have the plan rows' form (``row``, ``alternative``,
+``case``, ``ratio``, ...), so :func:`ports.harness.tune.choose` decides them alike.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+
+import torch
+
+from ports.fastrope import qknorm
+
+FORWARD = "fused QK-norm forward"
+BACKWARD = "fused QK-norm backward"
+# (block elements, warps): one to four warps, 4 to 32 elements a thread; the H100 took 512 on one
+# warp, the H200 1024 on one warp (tools/qknorm_launch_sweep.py swept wider).
+FORWARD_SETTINGS = ((512, 1), (1024, 1), (1024, 2), (2048, 2), (2048, 4))
+# programs per SM of the backward's grid: the H100 took 3, the H200 4.
+BACKWARD_SETTINGS = (2, 3, 4, 5, 6)
+SHAPES = ("qwen3-8b prefill 4k", "qwen3-8b train 4x4k", "qwen3-8b prefill 32k")
+
+
+def candidates() -> dict[str, dict[str, dict[str, int]]]:
+    """Row -> alternative's name -> the constants it sets, the module's own values left out."""
+    own = own_values()
+    rows = {
+        FORWARD: [dict(HEAD_FWD_BLOCK_ELEMENTS=e, HEAD_FWD_WARPS=w) for e, w in FORWARD_SETTINGS],
+        BACKWARD: [dict(BACKWARD_PROGRAMS_PER_SM=p) for p in BACKWARD_SETTINGS],
+    }
+    return {row: {name(c): c for c in cs if any(own[k] != v for k, v in c.items())}
+            for row, cs in rows.items()}
+
+
+def name(constants: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in constants.items())
+
+
+def own_values() -> dict[str, int]:
+    """The module's values of DEVICE_TUNED: what a GPU without a table runs."""
+    return {k: getattr(qknorm, k) for k in qknorm.DEVICE_TUNED}
+
+
+@contextlib.contextmanager
+def forced(constants: dict[str, int]):
+    """qknorm.FORCED set to ``constants`` over the module's own values (restored after)."""
+    saved = dict(qknorm.FORCED)
+    qknorm.FORCED.clear()
+    qknorm.FORCED.update(own_values(), **constants)
+    try:
+        yield
+    finally:
+        qknorm.FORCED.clear()
+        qknorm.FORCED.update(saved)
+
+
+def _under(constants: dict[str, int], fn):
+    def call():
+        with forced(constants):
+            return fn()
+    return call
+
+
+def _check(results, ref, weights: int, label: str) -> None:
+    """One bf16 ulp; the last ``weights`` tensors to one ulp of their largest element."""
+    for i, (r, e) in enumerate(zip(results, ref)):
+        r, e = r.float(), e.float()
+        floor = 2**-7 * float(e.abs().max()) if i >= len(ref) - weights else 2**-8
+        try:
+            torch.testing.assert_close(r, e, rtol=2**-7, atol=floor)
+        except AssertionError as err:
+            raise RuntimeError(f"{label} computes another answer than the module's own values "
+                               f"(output {i}): {str(err).splitlines()[0]}") from None
+
+
+def _cases(shape, row: str):
+    """Case label -> (the call to time; the part of it no candidate changes, timed apart and
+    taken off: the backward's forward, else None; the call whose results are checked: the timed
+    call, or for in place one that restores the inputs first)."""
+    from ports.harness import qknorm_bench as bench
+
+    backward = row == BACKWARD
+    q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=backward)
+
+    def out():
+        return qknorm.qk_norm_rope(q, k, qw, kw, bench.EPS, cos=cos, sin=sin, gemma=shape.gemma)
+
+    if not backward:
+        qi, ki = q.clone(), k.clone()
+
+        def inplace():
+            return qknorm.qk_norm_rope_inplace(qi, ki, qw, kw, bench.EPS, cos=cos, sin=sin,
+                                               gemma=shape.gemma)
+
+        def inplace_fresh():
+            qi.copy_(q)
+            ki.copy_(k)
+            inplace()
+            return qi.clone(), ki.clone()
+
+        return {f"{shape.name} out of place": (out, None, out),
+                f"{shape.name} in place": (inplace, None, inplace_fresh)}
+    gen = torch.Generator(device=q.device).manual_seed(1)
+    with forced({}):
+        grads = [torch.randn(o.shape, device=q.device, generator=gen).to(o.dtype)
+                 for o in out()]
+
+    def step():
+        return torch.autograd.grad(out(), (q, k, qw, kw), grads)
+
+    return {shape.name: (step, out, step)}
+
+
+def measure(rounds: int, rep_ms: int, progress=lambda m: None, shapes=None) -> list[dict]:
+    """Every (row, alternative, case) ratio against the module's own values, on ``shapes``
+    (qknorm suite shape names; default :data:`SHAPES`)."""
+    from ports.harness import qknorm_bench as bench
+    from ports.harness.timing import graph_median_us
+
+    known = {s.name: s for s in bench.SHAPES}
+    measurements = []
+    for row, alternatives in candidates().items():
+        for shape_name in SHAPES if shapes is None else shapes:
+            for case, (fn, extra, result) in _cases(known[shape_name], row).items():
+                own = _under({}, fn)
+                ref = _under({}, result)()
+                calls = {}
+                for alt, constants in alternatives.items():
+                    _check(_under(constants, result)(), ref, 2 if extra else 0,
+                           f"{row}: {alt} at {case}")
+                    calls[alt] = _under(constants, fn)
+                base_of = _under({}, extra) if extra else None
+                pairs: dict[str, list[tuple[float, float]]] = {a: [] for a in calls}
+                for _ in range(rounds):
+                    # the part no candidate changes, timed once a round, comes off every time
+                    less = graph_median_us(base_of, rep_ms=rep_ms) if base_of else 0.0
+                    for alt, call in calls.items():
+                        o = graph_median_us(own, rep_ms=rep_ms) - less
+                        pairs[alt].append((o, graph_median_us(call, rep_ms=rep_ms) - less))
+                for alt, ps in pairs.items():
+                    entry = dict(row=row, alternative=alt, case=case, same_plan=False,
+                                 own_us=round(statistics.median(o for o, _ in ps), 2),
+                                 us=round(statistics.median(t for _, t in ps), 2),
+                                 ratio=round(statistics.median(t / o for o, t in ps), 4))
+                    measurements.append(entry)
+                    progress(entry)
+                del calls, ref
+                torch.cuda.empty_cache()
+    return measurements
+
+
+def constants_of(choices: dict[str, str]) -> dict[str, int]:
+    """The table's ``qknorm`` entry from the rows' choices: every DEVICE_TUNED constant, the
+    chosen alternatives' values over the module's own."""
+    out = own_values()
+    names = candidates()
+    for row, alternative in choices.items():
+        out.update(names[row][alternative])
+    return out
