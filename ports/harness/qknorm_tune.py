@@ -21,7 +21,6 @@ in the same round. The measurements have the plan rows' form (``row``, ``alterna
 from __future__ import annotations
 
 import contextlib
-import statistics
 
 import torch
 
@@ -131,7 +130,7 @@ def measure(rounds: int, rep_ms: int, progress=lambda m: None, shapes=None) -> l
     """Every (row, alternative, case) ratio against the module's own values, on ``shapes``
     (qknorm suite shape names; default :data:`SHAPES`)."""
     from ports.harness import qknorm_bench as bench
-    from ports.harness.timing import graph_median_us
+    from ports.harness.timing import graph_median_us, paired_summary
 
     known = {s.name: s for s in bench.SHAPES}
     measurements = []
@@ -155,9 +154,7 @@ def measure(rounds: int, rep_ms: int, progress=lambda m: None, shapes=None) -> l
                         pairs[alt].append((o, graph_median_us(call, rep_ms=rep_ms) - less))
                 for alt, ps in pairs.items():
                     entry = dict(row=row, alternative=alt, case=case, same_plan=False,
-                                 own_us=round(statistics.median(o for o, _ in ps), 2),
-                                 us=round(statistics.median(t for _, t in ps), 2),
-                                 ratio=round(statistics.median(t / o for o, t in ps), 4))
+                                 **paired_summary(ps))
                     measurements.append(entry)
                     progress(entry)
                 del calls, ref

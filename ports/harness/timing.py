@@ -74,3 +74,14 @@ def min_of_interleaved(calls: dict, reps: int = 3, timer=median_us) -> dict:
         for k, f in calls.items():
             times[k].append(timer(f))
     return {k: min(v) for k, v in times.items()}
+
+
+def paired_summary(pairs) -> dict[str, float]:
+    """``(own, candidate)`` times taken in the same rounds: each one's median over the rounds
+    (``own_us``, ``us``) and the median of the rounds' ratios (``ratio``: candidate over own)."""
+    import statistics
+
+    pairs = list(pairs)
+    return dict(own_us=round(statistics.median(o for o, _ in pairs), 2),
+                us=round(statistics.median(t for _, t in pairs), 2),
+                ratio=round(statistics.median(t / o for o, t in pairs), 4))

@@ -143,7 +143,7 @@ def trial_inputs(trial: Trial):
 def _measure(rows: list[str], rounds: int, rep_ms: int, progress) -> list[dict]:
     """Every (row, alternative, trial) time against the row's own, as measurement dicts."""
     from ports.fastrope import experiment, plan
-    from ports.harness.timing import graph_median_us
+    from ports.harness.timing import graph_median_us, paired_summary
 
     by_trial: dict[Trial, list[tuple[str, str]]] = {}
     for row in rows:
@@ -174,11 +174,7 @@ def _measure(rows: list[str], rounds: int, rep_ms: int, progress) -> list[dict]:
             if fn is None:
                 entry.update(same_plan=True)
             else:
-                pairs = rounds_us[i]
-                entry.update(same_plan=False,
-                             own_us=round(statistics.median(b for b, _ in pairs), 2),
-                             us=round(statistics.median(t for _, t in pairs), 2),
-                             ratio=round(statistics.median(t / b for b, t in pairs), 4))
+                entry.update(same_plan=False, **paired_summary(rounds_us[i]))
             measurements.append(entry)
             progress(entry)
         del xs, kw
