@@ -51,7 +51,6 @@ def check_positions(positions: torch.Tensor, max_position: int) -> None:
 def _layout(t: torch.Tensor, name: str, positions_ndim: int, head_size: int, num_tokens: int
             ) -> tuple[int, int]:
     """(hidden size, head stride) of query or key, refusing what the kernel would mis-index."""
-    token_dims = t.shape[:positions_ndim]
     if t.dim() not in (positions_ndim + 1, positions_ndim + 2):
         raise ValueError(f"{name} must be [*tokens, heads * head_size] or [*tokens, heads, "
                          f"head_size] with the positions' {positions_ndim} token dims; got shape "
