@@ -433,7 +433,7 @@ def test_qknorm_measure_checks_then_times_every_candidate(monkeypatch):
     assert all(m["ratio"] > 0 and not m["same_plan"] for m in ms)
     assert qknorm.FORCED == {}
 
-    real_check = qt._check
+    real_check = qt.check_same_answer
 
     def off_by_one(results, ref, weights, label):  # the first candidate's answer is moved
         off_by_one.calls += 1
@@ -442,8 +442,8 @@ def test_qknorm_measure_checks_then_times_every_candidate(monkeypatch):
         return real_check(results, ref, weights, label)
 
     off_by_one.calls = 0
-    monkeypatch.setattr(qt, "_check", off_by_one)
-    with pytest.raises(RuntimeError, match="another answer than the module's own values"):
+    monkeypatch.setattr(qt, "check_same_answer", off_by_one)
+    with pytest.raises(RuntimeError, match="another answer than the reference setting"):
         qt.measure(1, 1, shapes=["tiny"])
     assert qknorm.FORCED == {}
 

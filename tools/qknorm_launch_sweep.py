@@ -33,6 +33,7 @@ import torch
 from ports.fastrope import qknorm
 from ports.harness import qknorm_bench as bench
 from ports.harness.env import driver_version, metadata
+from ports.harness.qknorm_tune import check_same_answer
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 
 SHAPES = ["decode 64 tokens", "qwen3-8b prefill 4k", "qwen3-8b train 4x4k",
@@ -98,14 +99,6 @@ def _under(direction, setting, fn):
     return call
 
 
-def _check(results, ref, weights: int) -> None:
-    """One bf16 ulp (2^-7 relative); the last ``weights`` tensors to one ulp of their largest."""
-    for i, (r, e) in enumerate(zip(results, ref)):
-        r, e = r.float(), e.float()
-        floor = 2**-7 * float(e.abs().max()) if i >= len(ref) - weights else 2**-8
-        torch.testing.assert_close(r, e, rtol=2**-7, atol=floor)
-
-
 def sweep(shape, direction: str, settings: list[tuple[int, ...]]
           ) -> tuple[list[list[str]], float, float]:
     """(rows, copy us, compiled unfused us) of one shape in one direction."""
@@ -133,7 +126,7 @@ def sweep(shape, direction: str, settings: list[tuple[int, ...]]
 
         ref = step(fwd)()
         for s in settings:
-            _check(_under(direction, s, step(fwd))(), ref, weights=2)
+            check_same_answer(_under(direction, s, step(fwd))(), ref, 2, f"{shape.name} {s}")
             calls[s, "step"] = _under(direction, s, step(fwd))
         calls["fwd"], calls["compiled step"], calls["compiled fwd"] = (
             fwd, step(fwd_compiled), fwd_compiled)
@@ -142,7 +135,7 @@ def sweep(shape, direction: str, settings: list[tuple[int, ...]]
         qi, ki = q.clone(), k.clone()
         ref = fwd()
         for s in settings:
-            _check(_under(direction, s, fwd)(), ref, weights=0)
+            check_same_answer(_under(direction, s, fwd)(), ref, 0, f"{shape.name} {s}")
             calls[s, "out"] = _under(direction, s, fwd)
             calls[s, "in"] = _under(direction, s, lambda: qknorm.qk_norm_rope_inplace(
                 qi, ki, qw, kw, eps, cos=cos, sin=sin, gemma=shape.gemma))

@@ -5,8 +5,9 @@ forward and backward, on equal inputs, on the GPU.
                                          [--check] [--json PATH] [--set BACKWARD_WARPS=8 ...]
 
 Rows, per shape and direction, in us: the median of CUDA-graph replays, the fastest of
-``ROUNDS`` rounds interleaved across the direction's rows, the copy timed the same way. A backward is timed as a whole step captured in one graph (the forward with its autograd
-graph, then ``torch.autograd.grad``: autograd runs a backward on its forward's stream, so the
+``ROUNDS`` rounds interleaved across the direction's rows, the copy timed the same way. A
+backward is timed as a whole step captured in one graph (the forward with its autograd graph,
+then ``torch.autograd.grad``: autograd runs a backward on its forward's stream, so the
 two are captured together) minus the forward captured alone (with grad); so it is the GPU time
 of the backward's kernels, not the host time of autograd's engine. Every row
 gets the same q, k ``[b, s, h, d]``, weights and cos/sin values (seed 0); a row whose API takes
@@ -64,9 +65,11 @@ import torch
 
 EPS = 1e-6
 WRONG_ULPS = 64.0  # the check's bound: beyond this many output ulps a row is wrong, not rough
-# Timing rounds, interleaved across a direction's rows: each row keeps its fastest round. With a
-# single median per row, one H100 run of Qwen3-8B's 4 x 4k forward measured 119.4 us where the
-# launch sweep's fastest of 3 interleaved rounds measured 112.1 (results/README.md, 2026-11-27).
+# Timing rounds, interleaved across a direction's rows: each row keeps its fastest round, so a
+# clock or neighbour drift during one row's timing moves every row alike (as in the launch sweep
+# and the tuning). Not the cause of the gap between the suite's and the sweep's H100 forward at
+# Qwen3-8B's 4 x 4k tokens: 119.4 us with one median, 119.7 with rounds, 112.1 in the sweep
+# (results/README.md, 2026-11-27).
 ROUNDS = 3
 
 

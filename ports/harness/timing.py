@@ -6,6 +6,7 @@ its ``warmup`` and ``rep`` budgets are milliseconds.
 from __future__ import annotations
 
 import functools
+import statistics
 
 import torch
 
@@ -79,8 +80,6 @@ def min_of_interleaved(calls: dict, reps: int = 3, timer=median_us) -> dict:
 def paired_summary(pairs) -> dict[str, float]:
     """``(own, candidate)`` times taken in the same rounds: each one's median over the rounds
     (``own_us``, ``us``) and the median of the rounds' ratios (``ratio``: candidate over own)."""
-    import statistics
-
     pairs = list(pairs)
     return dict(own_us=round(statistics.median(o for o, _ in pairs), 2),
                 us=round(statistics.median(t for _, t in pairs), 2),
