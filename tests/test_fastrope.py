@@ -316,6 +316,23 @@ def test_input_key_tells_directions_and_in_place_apart():
     assert problem.input_key(q=fake(q), extra=None, **ARGUMENTS) is None  # subclass: no cache
 
 
+
+def test_input_key_tells_position_forms_apart():
+    """Ids, an offsets tensor and cu_seqlens of the same dtype and shape are different problems
+    (a shared key once served ids [s] the plan of offsets [b] when b == s)."""
+    q = fake(rand(4, 4, 2, 16)).as_subclass(torch.Tensor)
+    four = torch.arange(4)
+    key = functools.partial(problem.input_key, q=q, extra=None,
+                            **dict(ARGUMENTS, positions=None, offsets=None))
+    assert key(positions=four) != key(offsets=four)
+    packed = fake(rand(5, 2, 16)).as_subclass(torch.Tensor)
+    ids = torch.arange(5, dtype=torch.int32)
+    packed_key = functools.partial(problem.input_key, q=packed, extra=None,
+                                   **dict(ARGUMENTS, layout="thd", positions=None,
+                                          cu_seqlens=None))
+    assert packed_key(positions=ids) != packed_key(cu_seqlens=ids)
+    assert key(positions=four) == key(positions=torch.arange(4))
+
 # ---- ablations -----------------------------------------------------------------------------------
 def test_public_functions_take_no_ablation():
     for fn in ENTRY_POINTS:

@@ -5,7 +5,7 @@ dtypes and strides on meta tensors), ``torch.library.opcheck`` over the argument
 ``torch.compile(fullgraph=True)`` with zero graph breaks and one compile across sequence
 lengths, the in-place path with autograd, and hf.py's argument checks and its mapping of
 transformers' cos/sin rows. The kernel is replaced by :func:`_oracle_rotate`, the float64 oracle
-behind the same signature as ``ports.fastrope.run.rotate`` (the ops' implementation), so the
+behind the signature of ``ports.fastrope.run.rotate_positional`` (the ops' implementation), so the
 registration, tracing and argument plumbing are tested without a device; the GPU suite
 (tests/test_gpu_fastrope_torch.py) repeats them with the kernel.
 """
@@ -77,9 +77,18 @@ def _oracle_rotate(q, k=None, *, in_place, inverse=False, out=None, cos=None, si
     return outs[0] if k is None else tuple(outs)
 
 
+def _oracle_positional(planner, q, k, in_place, inverse, check_positions, *arguments):
+    """:func:`_oracle_rotate` behind ``run.rotate_positional``'s signature (what the ops and
+    ``run.rotate`` call): the keywords positional, ``out`` last when given."""
+    names = list(run.ARGUMENT_DEFAULTS)
+    out = arguments[len(names)] if len(arguments) > len(names) else None
+    return _oracle_rotate(q, k, in_place=in_place, inverse=inverse, out=out,
+                          check_positions=check_positions, **dict(zip(names, arguments)))
+
+
 @pytest.fixture
 def oracle_kernel(monkeypatch):
-    monkeypatch.setattr(run, "rotate", _oracle_rotate)
+    monkeypatch.setattr(run, "rotate_positional", _oracle_positional)
 
 
 def _rand(*shape):

@@ -537,6 +537,21 @@ def test_equivalent_position_and_table_forms_agree_bitwise(style):
     assert same(apply_rope(q, k, positions=ids, **strided))
 
 
+def test_ids_and_an_offsets_tensor_of_one_shape_are_different_calls():
+    """Ids [s] and an offsets tensor [b] of the same dtype and shape (b == s) are different
+    problems: the second call must not reuse the first one's cached plan."""
+    case = RopeCase(4, 4, 2, 64, dtype="fp32", positions="ids", max_position=64, label="b == s")
+    inputs = make_inputs(case, _seed(case), DEV)
+    q = inputs.xs[0]
+    tab = dict(cos=inputs.cos, sin=inputs.sin)
+    v = torch.tensor([3, 9, 1, 20], device=DEV)
+    by_ids = apply_rope(q, positions=v, **tab)
+    by_offsets = apply_rope(q, offsets=v, **tab)
+    assert _same_bits(by_ids, apply_rope(q, positions=v.expand(4, 4).contiguous(), **tab))
+    assert _same_bits(by_offsets,
+                      apply_rope(q, positions=v[:, None] + torch.arange(4, device=DEV), **tab))
+
+
 
 @pytest.mark.parametrize("style", STYLES)
 @pytest.mark.parametrize("positions", ["arange", "int offset", "offsets", "ids", "thd"])

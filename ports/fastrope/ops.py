@@ -58,46 +58,43 @@ for _name in ("rope_", "rope_out"):
     _LIB.m.register_ad_inplace_or_view_fallback(_name)
 
 
+def _inputs(q: Tensor, k: Tensor | None) -> list[Tensor]:
+    return [q] if k is None else [q, k]
+
+
 def _offsets(offsets: Tensor | None, offset: int):
     """``apply_rope``'s ``offsets`` from the op's two arguments (an offset of 0 is none, so that
     it may come with positions)."""
     return offsets if offsets is not None else (offset or None)
 
 
-def _inputs(q: Tensor, k: Tensor | None) -> list[Tensor]:
-    return [q] if k is None else [q, k]
-
-
 # ---- the implementations ------------------------------------------------------------------------
+# Each calls run.rotate_positional directly: this is a compiled graph's per-call path.
 def _rope(q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, style, layout,
           rotary_dim, base, inv_freq, check_positions, inverse):
     """q (and k) rotated by theta (``inverse``: -theta) into new contiguous tensors."""
-    out = run.rotate(q, k, in_place=False, inverse=inverse, cos=cos, sin=sin,
-                     positions=positions, offsets=_offsets(offsets, offset),
-                     cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style, layout=layout,
-                     rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
-                     check_positions=check_positions)
+    out = run.rotate_positional(run.DESIGN, q, k, False, inverse, check_positions, cos, sin,
+                                positions, _offsets(offsets, offset), cu_seqlens, max_seqlen,
+                                style, layout, rotary_dim, base, inv_freq)
     return [out] if k is None else list(out)
 
 
 def _rope_(q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, style, layout,
            rotary_dim, base, inv_freq, check_positions):
     """q (and k) rotated by theta in place."""
-    run.rotate(q, k, in_place=True, cos=cos, sin=sin, positions=positions,
-               offsets=_offsets(offsets, offset), cu_seqlens=cu_seqlens,
-               max_seqlen=max_seqlen, style=style, layout=layout, rotary_dim=rotary_dim,
-               base=base, inv_freq=inv_freq, check_positions=check_positions)
-    torch.autograd.graph.increment_version(_inputs(q, k))
+    run.rotate_positional(run.DESIGN, q, k, True, False, check_positions, cos, sin, positions,
+                          _offsets(offsets, offset), cu_seqlens, max_seqlen, style, layout,
+                          rotary_dim, base, inv_freq)
+    torch.autograd.graph.increment_version([q] if k is None else [q, k])
 
 
 def _rope_out(q, k, q_out, k_out, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen,
               style, layout, rotary_dim, base, inv_freq, check_positions, inverse):
     """q (and k) rotated by theta (``inverse``: -theta) into q_out (and k_out)."""
-    outs = _inputs(q_out, k_out)
-    run.rotate(q, k, in_place=False, inverse=inverse, out=outs, cos=cos, sin=sin,
-               positions=positions, offsets=_offsets(offsets, offset), cu_seqlens=cu_seqlens,
-               max_seqlen=max_seqlen, style=style, layout=layout, rotary_dim=rotary_dim,
-               base=base, inv_freq=inv_freq, check_positions=check_positions)
+    outs = [q_out] if k_out is None else [q_out, k_out]
+    run.rotate_positional(run.DESIGN, q, k, False, inverse, check_positions, cos, sin, positions,
+                          _offsets(offsets, offset), cu_seqlens, max_seqlen, style, layout,
+                          rotary_dim, base, inv_freq, outs)
     torch.autograd.graph.increment_version(outs)
 
 

@@ -283,24 +283,27 @@ def _meta(t):
     return t.dtype, t.shape, t.stride(), t.get_device()
 
 
-def input_key(*, q, k, cos, sin, positions, offsets, cu_seqlens, max_seqlen, style, layout,
+def input_key(q, k, cos, sin, positions, offsets, cu_seqlens, max_seqlen, style, layout,
               rotary_dim, base, inv_freq, extra, out=None) -> tuple | None:
     """Everything :func:`validate` and the launch plan depend on, with ``extra`` (what else the
     caller's cached launches depend on) and the given outputs ``out`` (a list, or None): a dict
     key for both. None: not cacheable (an argument of an unexpected type, or a tensor subclass),
     validate every call.
 
-    Every call computes it, so the common arguments (q, and cos/sin when given) are read inline:
-    this is most of a cached call's host time."""
+    Every call computes it, so it is written for the common calls (q, and cos/sin when given):
+    one tuple, each tensor's metadata read once. Its tensor reads are most of a cached call's
+    host time."""
     if type(q) is not torch.Tensor:
         return None
     try:
-        align = q.data_ptr()
-        key = [q.dtype, q.shape, q.stride(), q.get_device(), style, layout, rotary_dim, extra,
-               max_seqlen]
+        q_ptr = q.data_ptr()
+        align = q_ptr
+        key = (q.dtype, q.shape, q.stride(), q.get_device(), style, layout, rotary_dim, extra,
+               max_seqlen)
         if k is not None:
-            align |= k.data_ptr()
-            key += (_meta(k), k.data_ptr() == q.data_ptr())
+            k_ptr = k.data_ptr()
+            align |= k_ptr
+            key += (_meta(k), k_ptr == q_ptr)
         if cos is not None:
             if type(cos) is not torch.Tensor or type(sin) is not torch.Tensor:
                 return None
@@ -308,20 +311,18 @@ def input_key(*, q, k, cos, sin, positions, offsets, cu_seqlens, max_seqlen, sty
             key += (cos.dtype, cos.shape, cos.stride(), cos.get_device(), sin.dtype, sin.shape,
                     sin.stride(), sin.get_device())
         elif inv_freq is None:
-            key.append(base)
+            key += (base,)
         else:
-            key.append(_meta(inv_freq))
-        if positions is not None:
-            key.append(_meta(positions))
-        if offsets is not None:
-            key.append("int" if isinstance(offsets, int) else _meta(offsets))
-        if cu_seqlens is not None:
-            key.append(_meta(cu_seqlens))
+            key += (_meta(inv_freq),)
+        if positions is not None or offsets is not None or cu_seqlens is not None:
+            key += (None if positions is None else _meta(positions),
+                    None if offsets is None else
+                    "int" if isinstance(offsets, int) else _meta(offsets),
+                    None if cu_seqlens is None else _meta(cu_seqlens))
         if out is not None:
             for o in out:
                 align |= o.data_ptr()
-                key.append(_meta(o))
-        key.append(align & 15)
-        return tuple(key)
+                key += (_meta(o),)
+        return key + (align & 15,)
     except (TypeError, AttributeError):
         return None

@@ -182,14 +182,10 @@ def rotate(q, k=None, *, in_place: bool, inverse: bool = False, check_positions=
     and :func:`_check_apart`).
     Returns q's output, or (q's, k's). The position check (``check_positions``) is skipped while
     the current stream is capturing a CUDA graph: it reads device memory on the host.
-
-    This is the per-call path of every eager call and every compiled graph's call, so its
-    parameters are spelled out (no ``**kwargs`` to merge) and it goes straight to
-    :func:`_rotate`.
     """
-    return _rotate(DESIGN, q, k, in_place, inverse, check_positions, cos, sin, positions,
-                   offsets, cu_seqlens, max_seqlen, style, layout, rotary_dim, base, inv_freq,
-                   out)
+    return rotate_positional(DESIGN, q, k, in_place, inverse, check_positions, cos, sin,
+                             positions, offsets, cu_seqlens, max_seqlen, style, layout,
+                             rotary_dim, base, inv_freq, out)
 
 
 def rotate_planned(planner: Planner, q, k=None, *, in_place: bool, inverse: bool = False,
@@ -199,23 +195,24 @@ def rotate_planned(planner: Planner, q, k=None, *, in_place: bool, inverse: bool
     if unknown:
         raise TypeError(f"unexpected keyword argument(s) {', '.join(sorted(unknown))}")
     arguments = dict(ARGUMENT_DEFAULTS, **arguments)
-    return _rotate(planner, q, k, in_place, inverse, check_positions,
-                   *(arguments[name] for name in ARGUMENT_DEFAULTS))
+    return rotate_positional(planner, q, k, in_place, inverse, check_positions,
+                             *(arguments[name] for name in ARGUMENT_DEFAULTS))
 
 
-def _rotate(planner: Planner, q, k, in_place, inverse, check_positions, cos, sin, positions,
-            offsets, cu_seqlens, max_seqlen, style, layout, rotary_dim, base, inv_freq,
-            out=None):
+def rotate_positional(planner: Planner, q, k, in_place, inverse, check_positions, cos, sin,
+                      positions, offsets, cu_seqlens, max_seqlen, style, layout, rotary_dim,
+                      base, inv_freq, out=None):
+    """:func:`rotate` planned by ``planner``, every argument positional: the per-call path of
+    every eager call and every compiled graph's call (the ops call it directly), so a cached
+    call computes its key, looks it up and launches, and nothing else unless it needs to."""
     if inverse and k is not None and k.numel() and k.data_ptr() == q.data_ptr():
         k = k.clone()  # one gradient for both outputs; q and k must be distinct memory
     if in_place:
         out = None
-    key = problem.input_key(q=q, k=k, cos=cos, sin=sin, positions=positions, offsets=offsets,
-                            cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, style=style,
-                            layout=layout, rotary_dim=rotary_dim, base=base, inv_freq=inv_freq,
-                            extra=(in_place, inverse), out=out)
-    xs = [q] if k is None else [q, k]
-    entry = planner.entries.get(key) if key is not None else None
+    key = problem.input_key(q, k, cos, sin, positions, offsets, cu_seqlens, max_seqlen, style,
+                            layout, rotary_dim, base, inv_freq, (in_place, inverse), out)
+    xs = (q,) if k is None else (q, k)
+    entry = planner.entries.get(key)
     if entry is None:
         entry = _remember(planner.entries, key, _entry(problem.validate(
             q=q, k=k, cos=cos, sin=sin, positions=positions, offsets=offsets,
@@ -232,7 +229,7 @@ def _rotate(planner: Planner, q, k, in_place, inverse, check_positions, cos, sin
     elif out is None:
         outs = new_outputs(xs)
     else:
-        outs = list(out)
+        outs = tuple(out)
         _check_apart(entry.spans, xs + outs)
     launches = entry.launches
     if launches is None:  # first call of this geometry: plan with the real outputs
