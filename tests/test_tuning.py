@@ -94,19 +94,13 @@ def test_two_tables_for_one_family_are_refused(monkeypatch, tmp_path):
 
 def test_every_shipped_tables_qknorm_entry_is_valid():
     """A table's fused QK-norm constants are DEVICE_TUNED names with positive ints, chosen on
-    the table's own GPU: by ``tune --qknorm`` (its run and measurements in the table) or by
-    committed sweeps copied in by hand (``qknorm_source``)."""
-    root = tuning.TUNED_DIR.parents[2]
+    the table's own GPU by ``tune --qknorm`` (its run and measurements in the table)."""
     for family, table in tuning.tables().items():
         constants = table.get("qknorm", {})
         assert set(constants) <= set(qknorm.DEVICE_TUNED), family
         assert all(isinstance(v, int) and v > 0 for v in constants.values()), family
-        sources = table.get("qknorm_source", ())
         run = table.get("qknorm_run")
-        assert bool(constants) == (bool(sources) != bool(run)), family  # exactly one provenance
-        for source in sources:
-            data = json.loads((root / source).read_text(encoding="utf-8"))
-            assert data["gpu"] == table["gpu"] and "qknorm_launch_sweep" in data["command"][0]
+        assert bool(constants) == bool(run), family
         if run:
             assert run["gpu"] == table["gpu"] and "--qknorm" in run["command"], family
             assert table["qknorm_measurements"], family
@@ -228,9 +222,9 @@ def test_retuning_one_row_keeps_the_other_rows_choices():
     assert [r["commit"] for r in again["runs"]] == ["b", "c"] and again["choices"] == {}
     other_family = dict(old, family=H100)
     assert tune.keep_other_rows(other_family, new, [streaming]) is new
-    qk = dict(qknorm={"BACKWARD_PROGRAMS_PER_SM": 4}, qknorm_source=["results/data/x.json"])
+    qk = dict(qknorm={"BACKWARD_PROGRAMS_PER_SM": 4}, qknorm_run=dict(commit="q"))
     kept = tune.keep_other_rows(dict(old, **qk), new, [streaming])
-    assert {k: kept[k] for k in qk} == qk  # the QK-norm's sweep entries survive a re-tune
+    assert {k: kept[k] for k in qk} == qk  # the QK-norm's entry survives a re-tune
 
 
 @pytest.mark.parametrize("in_place", [False, True])
@@ -352,15 +346,14 @@ def _qknorm_measurements(qt):
 
 def test_tune_qknorm_writes_the_entry_and_keeps_the_plan(monkeypatch, tmp_path, capsys):
     """``--qknorm`` replaces the family table's QK-norm entry (constants, run, scores and
-    measurements; a hand-copied ``qknorm_source`` goes) and keeps its plan choices; a later plan
-    run keeps the entry."""
+    measurements) and keeps its plan choices; a later plan run keeps the entry."""
     from ports.harness import env, qknorm_tune as qt
 
     row = "streaming past the L2"
     old = dict(family=H100, command="tune", commit="a", gpu="g", date="d",
                choices={row: "plain accesses"}, scores=[dict(row=row, alternative="x")],
                measurements=[dict(row=row, alternative="x", case="c")],
-               qknorm={"BACKWARD_PROGRAMS_PER_SM": 9}, qknorm_source=["results/data/x.json"])
+               qknorm={"BACKWARD_PROGRAMS_PER_SM": 9}, qknorm_run=dict(commit="old"))
     out = tmp_path / "t.json"
     out.write_text(json.dumps(old))
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
@@ -373,7 +366,7 @@ def test_tune_qknorm_writes_the_entry_and_keeps_the_plan(monkeypatch, tmp_path, 
     monkeypatch.setattr(qt, "measure", lambda rounds, rep_ms, progress: _qknorm_measurements(qt))
     assert tune.main(["--qknorm", "--out", str(out), "--json", str(tmp_path / "s.json")]) == 0
     table = json.loads(out.read_text())
-    assert table["choices"] == {row: "plain accesses"} and "qknorm_source" not in table
+    assert table["choices"] == {row: "plain accesses"}
     assert table["qknorm"] == dict(qt.own_values(), HEAD_FWD_BLOCK_ELEMENTS=1024,
                                    HEAD_FWD_WARPS=1)
     assert table["qknorm_run"]["command"] == "python -m ports.harness.tune --qknorm"
