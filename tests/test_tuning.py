@@ -377,6 +377,8 @@ def test_tune_qknorm_writes_the_entry_and_keeps_the_plan(monkeypatch, tmp_path, 
     scores = json.loads((tmp_path / "s.json").read_text())
     assert "fused QK-norm" in scores["context"] and len(scores["rows"]) == len(
         table["qknorm_scores"])
+    json_path = tmp_path / "s.json"
+    assert scores["command"] == f"python -m ports.harness.tune --qknorm --json {json_path}"
     assert "qknorm:" in capsys.readouterr().out
     new = dict(family=H100, command="tune", commit="b", gpu="g", date="d", choices={},
                scores=[], measurements=[])

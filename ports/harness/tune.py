@@ -340,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
                 "geometric mean and worst over the qknorm suite's Qwen3-8B shapes"
                 if args.qknorm else
                 "its row's own, geometric mean and worst over the cases where it changes the plan")
-        data = dict(provenance, section="per-device tuning",
+        data = dict(provenance, command=f"{command} --json {shlex.quote(str(args.json))}",
+                    section="per-device tuning",
                     context=f"Tuning on {meta['gpu']} ({family}): each alternative's CUDA-graph "
                             f"time over {what} ({args.rounds} rounds).",
                     columns=SCORE_COLUMNS, rows=score_rows(scores))
