@@ -28,7 +28,7 @@ OPS = [torch.ops.fastrope.rope.default, torch.ops.fastrope.rope_.default,
        torch.ops.fastrope.rope_out.default]
 
 
-# ---- the oracle behind run.rotate's signature ----------------------------------------------------
+# ---- the oracle behind run.rotate's signature (and run.rotate_positional's, below) ---------------
 def _token_positions(x, layout, positions, offsets, cu_seqlens):
     """Each token's position: [b, s] for the dense layouts, [t] for thd."""
     if layout == "thd":

@@ -15,9 +15,10 @@
 
 The arguments are ``apply_rope``'s with ``offsets`` split in two: ``offsets`` (a per-sequence
 int tensor, or None) and ``offset`` (one int for all; 0 with positions or an offsets tensor).
-The implementation is :func:`ports.fastrope.run.rotate`, which validates on the host and
-launches; the fake implementations give the outputs' shapes, dtypes and strides without running
-(shape errors surface when the real op runs).
+The implementation is :func:`ports.fastrope.run.rotate_positional` (``run.rotate`` with every
+argument positional), which validates on the host and launches; the fake implementations give
+the outputs' shapes, dtypes and strides without running (shape errors surface when the real op
+runs).
 
 **Why ``torch.library.Library`` and not ``torch.library.custom_op``.** A compiled graph calls
 the op through the dispatcher at every run, so the op's own host cost is paid per call.
