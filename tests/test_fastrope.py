@@ -317,21 +317,49 @@ def test_input_key_tells_directions_and_in_place_apart():
 
 
 
-def test_input_key_tells_position_forms_apart():
-    """Ids, an offsets tensor and cu_seqlens of the same dtype and shape are different problems
-    (a shared key once served ids [s] the plan of offsets [b] when b == s)."""
-    q = fake(rand(4, 4, 2, 16)).as_subclass(torch.Tensor)
-    four = torch.arange(4)
-    key = functools.partial(problem.input_key, q=q, extra=None,
-                            **dict(ARGUMENTS, positions=None, offsets=None))
-    assert key(positions=four) != key(offsets=four)
-    packed = fake(rand(5, 2, 16)).as_subclass(torch.Tensor)
-    ids = torch.arange(5, dtype=torch.int32)
-    packed_key = functools.partial(problem.input_key, q=packed, extra=None,
-                                   **dict(ARGUMENTS, layout="thd", positions=None,
-                                          cu_seqlens=None))
-    assert packed_key(positions=ids) != packed_key(cu_seqlens=ids)
-    assert key(positions=four) == key(positions=torch.arange(4))
+def _fields(p) -> tuple:
+    """A Problem's fields, the default frequencies by presence (a tensor has no plain ==)."""
+    return tuple(getattr(p, f) if f != "default_inv_freq" else getattr(p, f) is None
+                 for f in problem.Problem.__dataclass_fields__)
+
+
+def test_one_key_is_one_problem():
+    """Calls that share a cache key validate to the same problem, over the tables' forms, the
+    position forms (ids of either width and rank, an int offset, an offsets tensor, cu_seqlens),
+    both styles, partial rotary, both dense layouts of one shape, thd, and a GQA k: a shared key
+    would run one call with another's plan."""
+    q, k = rand(4, 4, 2, 16), rand(4, 4, 1, 16)  # b == s: [s] ids and [b] offsets look alike
+    four = torch.tensor([3, 0, 2, 1])
+    tables = {"full": dict(cos=rand(8, 16), sin=rand(8, 16)),
+              "half": dict(cos=rand(8, 8), sin=rand(8, 8)), "computed": {},
+              "inv_freq": dict(inv_freq=torch.rand(8, dtype=torch.float64))}
+    positions = {"arange": {}, "ids": dict(positions=four), "ids32": dict(positions=four.int()),
+                 "ids2d": dict(positions=four.expand(4, 4)), "int": dict(offsets=2),
+                 "offsets": dict(offsets=four), "offsets32": dict(offsets=four.int())}
+    calls = [dict(q=q, k=kk, style=style, layout=layout, rotary_dim=rot, **t, **pos)
+             for style in ("rotate_half", "interleaved") for layout in ("bshd", "sbhd")
+             for rot in (None, 8) for t in tables.values() for pos in positions.values()
+             for kk in (None, k)]
+    packed, ids5 = rand(5, 2, 16), torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32)  # as cu
+    calls += [dict(q=packed, layout="thd", cu_seqlens=torch.tensor(cu, dtype=torch.int32), **t)
+              for cu in ([0, 2, 5], [0, 1, 2, 4, 5]) for t in (tables["full"], {})]
+    calls += [dict(q=packed, layout="thd", positions=ids5, max_seqlen=5, **t)
+              for t in (tables["full"], {})]
+    seen: dict = {}
+    for call in calls:
+        arguments = dict(ARGUMENTS, **call)
+        key = problem.input_key(extra=None, **arguments)
+        assert key is not None
+        wrapped = dict(arguments, q=fake(arguments["q"]),
+                       k=None if arguments["k"] is None else fake(arguments["k"]))
+        try:
+            fields = _fields(problem.validate(**wrapped))
+        except (ValueError, TypeError, IndexError):
+            continue
+        assert seen.setdefault(key, fields) == fields, {  # the call, tensors by metadata
+            name: (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else v
+            for name, v in call.items()}
+    assert len(seen) > 200
 
 # ---- ablations -----------------------------------------------------------------------------------
 def test_public_functions_take_no_ablation():
