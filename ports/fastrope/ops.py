@@ -86,13 +86,13 @@ def _rope_(q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, s
     run.rotate_positional(run.DESIGN, q, k, True, False, check_positions, cos, sin, positions,
                           _offsets(offsets, offset), cu_seqlens, max_seqlen, style, layout,
                           rotary_dim, base, inv_freq)
-    torch.autograd.graph.increment_version([q] if k is None else [q, k])
+    torch.autograd.graph.increment_version(_inputs(q, k))
 
 
 def _rope_out(q, k, q_out, k_out, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen,
               style, layout, rotary_dim, base, inv_freq, check_positions, inverse):
     """q (and k) rotated by theta (``inverse``: -theta) into q_out (and k_out)."""
-    outs = [q_out] if k_out is None else [q_out, k_out]
+    outs = _inputs(q_out, k_out)
     run.rotate_positional(run.DESIGN, q, k, False, inverse, check_positions, cos, sin, positions,
                           _offsets(offsets, offset), cu_seqlens, max_seqlen, style, layout,
                           rotary_dim, base, inv_freq, outs)
