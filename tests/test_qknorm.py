@@ -360,17 +360,26 @@ def test_token_norm_forward(case):
     check_forward(case, in_place=True)
 
 
+@pytest.mark.parametrize("passes", ["whole tokens", "blocks of heads"])
 @pytest.mark.parametrize("case", TOKEN_CASES, ids=TOKEN_IDS)
-def test_token_norm_backward(case):
+def test_token_norm_backward(monkeypatch, case, passes):
+    """Both backwards: a token's heads whole, in one pass (these heads fit), and in blocks of
+    heads, in two passes (where a token's heads are too many for one block)."""
+    if passes == "blocks of heads":
+        monkeypatch.setattr(qknr, "TOKEN_BWD_WHOLE_ELEMENTS", 0)
     check_backward(case)
 
 
-def test_token_norm_backward_several_tokens_per_program(monkeypatch):
-    """Groups of 8 tokens (the last partly past the end), the heads in blocks of 2 (3 q heads:
-    a partial block): correct, and the weight gradients bitwise equal from run to run."""
+@pytest.mark.parametrize("passes", ["whole tokens", "blocks of heads"])
+def test_token_norm_backward_several_tokens_per_program(monkeypatch, passes):
+    """Groups of 8 tokens (the last partly past the end), the heads whole (3 q heads in a block
+    of 4) or in blocks of 2 (a partial block): correct, and the weight gradients bitwise equal
+    from run to run."""
     monkeypatch.setattr(qknr, "LONG_RUN_MIN_TOKENS", 1)
     monkeypatch.setattr(qknr, "LONG_RUN_TOKENS", 8)
     monkeypatch.setattr(qknr, "TOKEN_BWD_BLOCK_ELEMENTS", 16)
+    if passes == "blocks of heads":
+        monkeypatch.setattr(qknr, "TOKEN_BWD_WHOLE_ELEMENTS", 0)
     c = Case(b=3, s=7, hq=3, hk=2, d=8, asymmetric=True, norm="token")
     first = check_backward(c)
     second = check_backward(c)
@@ -585,8 +594,13 @@ for fn, extra, elements, warps in (
         (K.qk_norm_rope_fwd_kernel, {}, Q.HEAD_FWD_BLOCK_ELEMENTS, Q.HEAD_FWD_WARPS),
         (K.qk_norm_rope_bwd_kernel, {"STAGES": Q.BACKWARD_STAGES}, None, Q.BACKWARD_WARPS),
         (K.qk_token_norm_rope_fwd_kernel, {}, Q.TOKEN_FWD_BLOCK_ELEMENTS, Q.TOKEN_FWD_WARPS),
-        (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS},
-         Q.TOKEN_BWD_BLOCK_ELEMENTS, Q.BACKWARD_WARPS)):
+        (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS,
+                                           "WHOLE_TOKEN": False, "STAGES": Q.TOKEN_BWD_STAGES},
+         Q.TOKEN_BWD_BLOCK_ELEMENTS, Q.BACKWARD_WARPS),
+        (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS,
+                                           "WHOLE_TOKEN": True, "STAGES": Q.TOKEN_BWD_STAGES},
+         Q.TOKEN_BWD_WHOLE_ELEMENTS,
+         max(Q.BACKWARD_WARPS, 32 * 128 // Q.TOKEN_BWD_ELEMENTS_PER_WARP))):
     for dtype, table, interleaved, tail in (("bf16", K.TABLE_HALF, False, False),
                                             ("fp16", K.TABLE_COMPUTED, True, True),
                                             ("fp32", K.TABLE_FULL, False, True)):
@@ -623,7 +637,8 @@ for dtype in ("bf16", "fp16", "fp32"):
 
 
 def test_kernels_compile_for_sm90_without_spills():
-    """The four kernels (per-head and per-token norm, forward and backward), three variants each
+    """The four kernels (per-head and per-token norm, forward and backward; the token norm's
+    backward whole and in blocks of heads), three variants each
     (dtypes, table forms, styles, tails, positions), and the weight gradients' reduction, compiled
     to sm_90 PTX by Triton (and through ptxas, with no register spill, when it is on PATH): a
     typing error the interpreter lets through fails here."""
@@ -637,4 +652,4 @@ def test_kernels_compile_for_sm90_without_spills():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SM90], capture_output=True, text=True,
                        cwd=root, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("compiled") == 15
+    assert r.stdout.count("compiled") == 18

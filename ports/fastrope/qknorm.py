@@ -57,14 +57,16 @@ Norm over all heads of a token (OLMo2)
 --------------------------------------
 OLMo2 normalises q and k over all heads of a token at once (a ``num_heads * head_dim``
 weight): ``norm="token"``. Its kernels (``qk_token_norm_rope_*``) give a program every head of
-one tensor for its token (forward) or its tokens (backward), in blocks of heads, and read the
-rows twice: once for the token's sums, once to write (the second read is meant to come from
-L1/L2: a token's q is 8 KB at 32 x 128 bf16; not yet measured). The grid is tokens x 2 (q, k),
-so a decode step of a few tokens has only a few programs. The backward keeps each token's
-``rstd`` and ``mean(dx_hat * x_hat)`` in registers between its two passes, and its weight
-gradient's partial rows are ``[programs, heads * head_dim]``: ``8 / (3 * tokens_per_program *
-itemsize)`` extra bytes, about 8% at 16 tokens a program in bf16. Launch settings are the
-per-head kernels' (first guesses here too).
+one tensor for its token (forward) or its tokens (backward). The forward reads a token's rows in
+blocks of heads twice: once for the token's sums, once to write (the second read is meant to
+come from L1/L2: a token's q is 8 KB at 32 x 128 bf16; not measured). The grid is tokens x 2
+(q, k), so a decode step of a few tokens has only a few programs. The backward takes a token's
+heads whole where they fit one block (``TOKEN_BWD_WHOLE_ELEMENTS``): one pass, each row read
+once, 2.8x faster than two passes at Qwen3-8B's 4k tokens and 1.4x at 4 x 4k (H100). Above
+that it keeps each token's ``rstd`` and ``mean(dx_hat * x_hat)`` in registers between two
+passes over blocks of heads. Its weight gradient's partial rows are
+``[programs, heads * head_dim]``: ``8 / (3 * tokens_per_program * itemsize)`` extra bytes, about
+8% at 16 tokens a program in bf16. The forward's launch settings are first guesses.
 
 Deterministic weight gradients
 ------------------------------
@@ -118,6 +120,21 @@ TOKEN_FWD_BLOCK_ELEMENTS = 2048
 # (at 1024 an fp32 head of 96 channels, padded to 128, spilled registers on sm_90). This is the
 # token-norm backward's; the per-head backward's is HEAD_BWD_BLOCK_ELEMENTS.
 TOKEN_BWD_BLOCK_ELEMENTS = 512
+# Where every head of a token fits TOKEN_BWD_WHOLE_ELEMENTS (heads and head_dim padded to powers
+# of two), the token-norm backward takes each token whole, in one pass that reads its rows once,
+# on a warp per TOKEN_BWD_ELEMENTS_PER_WARP and at least BACKWARD_WARPS: 8 warps for Qwen3-8B's
+# 32 heads of 128. Two passes over blocks of heads (TOKEN_BWD_BLOCK_ELEMENTS) read a program's
+# tokens twice, the second time from DRAM once the resident programs' tokens outgrow the L2.
+# Swept on the H100 at Qwen3-8B's 32/8 heads, bf16, 16 tokens a program
+# (tools/qknorm_launch_sweep.py --direction token-backward, results/README.md, "OLMo2's norm
+# backward in one pass"): two passes took 247.7 us at 4096 tokens and 438.4 at 4 x 4096, one pass
+# 88.9 and 307.8 at 512 elements a warp, 117.4 and 414.6 at 256. 1024 (4 warps) took 85.3 and
+# 292.6 but spills 560 bytes of registers on sm_90 (the kernels compile without spills:
+# tests/test_qknorm.py); 2 pipelining stages were slower; 8 tokens a program 4-5% slower, 32 up
+# to 3% faster (not taken: half the programs at 1k tokens, where it was not measured).
+TOKEN_BWD_WHOLE_ELEMENTS = 8192
+TOKEN_BWD_ELEMENTS_PER_WARP = 512
+TOKEN_BWD_STAGES = 1  # the whole-token loop's software-pipelining stages
 # The per-head backward's block by (element size, whether the head has an unrotated tail).
 # 16-bit: 2048 (16 heads of 128), the fastest of the sweep (tools/qknorm_launch_sweep.py); on the
 # H100 at Qwen3-8B's 32/8 heads, bf16, 16 tokens a program and 4 warps, the kernel alone took
@@ -448,9 +465,16 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
         # Several tokens per program once the grid has plenty of programs without them: fewer
         # partial rows (the deterministic reduction's cost), same parallelism.
         tpp = LONG_RUN_TOKENS if g.tokens >= LONG_RUN_MIN_TOKENS else 1
+        p2 = triton.next_power_of_2
+        whole = max(p2(g.q_heads), p2(g.k_heads)) * p2(g.head_dim)
+        warps = BACKWARD_WARPS
+        if whole <= TOKEN_BWD_WHOLE_ELEMENTS:
+            bq, bk = p2(g.q_heads), p2(g.k_heads)
+            warps = max(warps, whole // TOKEN_BWD_ELEMENTS_PER_WARP)
         return _backward_token_norm(g, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
                                     cos, sin, positions, base, gemma, layout, bq, bk, tpp,
-                                    triton.cdiv(g.tokens, tpp))
+                                    triton.cdiv(g.tokens, tpp),
+                                    whole <= TOKEN_BWD_WHOLE_ELEMENTS, warps)
     tpp = backward_tokens_per_program(g.tokens, qb + kb, q.device)
     groups = triton.cdiv(g.tokens, tpp)
     qpart = _alloc.empty((groups * qb, g.head_dim), dtype=torch.float32, device=q.device)
@@ -489,9 +513,11 @@ def weight_grads(qpart: Tensor, kpart: Tensor, q_weight: Tensor,
 
 
 def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
-                         cos, sin, positions, base, gemma, layout, bq, bk, tpp, groups):
+                         cos, sin, positions, base, gemma, layout, bq, bk, tpp, groups,
+                         whole_token, warps):
     """norm="token": one launch over (token groups, q and k), then the fixed-order sums of the
-    ``[groups, heads * head_dim]`` partial rows."""
+    ``[groups, heads * head_dim]`` partial rows. ``whole_token``: every head of q in one block
+    of ``bq`` and of k in one of ``bk`` (one pass a token)."""
     qpart = _alloc.empty((groups, g.q_heads * g.head_dim), dtype=torch.float32, device=q.device)
     kpart = _alloc.empty((groups, g.k_heads * g.head_dim), dtype=torch.float32, device=q.device)
     if g.tokens and g.q_heads + g.k_heads:
@@ -504,7 +530,7 @@ def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_
                 *_strides(dq_out, layout), *_strides(dk_out, layout), *_strides(dq, layout),
                 *_strides(dk, layout), q_weight.stride(0), k_weight.stride(0),
                 BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, TOKENS_PER_PROGRAM=tpp,
-                num_warps=BACKWARD_WARPS, **kw)
+                WHOLE_TOKEN=whole_token, STAGES=TOKEN_BWD_STAGES, num_warps=warps, **kw)
     return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight)
 
 
