@@ -14,10 +14,14 @@ are checked against the GPU's default's first: dq, dk and the outputs to one bf1
 of squares' order follows the block), the weight gradients to one bf16 ulp of their largest
 element (their sums' order follows the blocks and tokens). This is the lab's wide sweep; the
 constants a GPU family's table sets (``DEVICE_TUNED``) are tuned and written by
-``python -m ports.harness.tune --qknorm``. A results data file with ``--json``:
+``python -m ports.harness.tune --qknorm``. ``--direction token-backward`` sweeps OLMo2's norm over
+all heads of a token (``norm="token"``, the per-head weights tiled over the heads, as the suite's
+row): ``TOKEN_BWD_WHOLE_ELEMENTS`` (0: every token in two passes over blocks of heads),
+``TOKEN_BWD_ELEMENTS_PER_WARP``, the tokens a program (``LONG_RUN_TOKENS``) and
+``TOKEN_BWD_STAGES``; it has no torch.compile row. A results data file with ``--json``:
 
-    python -m tools.qknorm_launch_sweep [--direction forward|backward] [--shapes NAME ...]
-        [--json FILE] [--commit SHA]
+    python -m tools.qknorm_launch_sweep [--direction forward|backward|token-backward]
+        [--shapes NAME ...] [--json FILE] [--commit SHA]
 """
 from __future__ import annotations
 
@@ -55,9 +59,31 @@ def backward_settings() -> list[tuple[int, int, int, int]]:
             if 8 <= e // (32 * w) <= 16]
 
 
+def token_backward_settings() -> list[tuple[int, int, int, int]]:
+    """(whole-token elements, elements a warp, tokens a program, stages): the two-pass kernel
+    (0) at its settings, and whole tokens on 4 to 16 warps (32 heads of 128), 8 to 32 tokens a
+    program, 1 or 2 stages."""
+    return [(0, 512, 16, 1)] + [(8192, e, t, s) for e, t, s in itertools.product(
+        (256, 512, 1024), (8, 16, 32), (1, 2))]
+
+
+_TOKEN_CONSTANTS = ("TOKEN_BWD_WHOLE_ELEMENTS", "TOKEN_BWD_ELEMENTS_PER_WARP", "LONG_RUN_TOKENS",
+                    "TOKEN_BWD_STAGES")
+
+
 @contextlib.contextmanager
 def launch_settings(direction: str, setting: tuple[int, ...]):
     """The module's launch constants set to ``setting`` for ``direction`` (restored after)."""
+    if direction == "token-backward":
+        saved = [getattr(qknorm, name) for name in _TOKEN_CONSTANTS]
+        for name, value in zip(_TOKEN_CONSTANTS, setting):
+            setattr(qknorm, name, value)
+        try:
+            yield
+        finally:
+            for name, value in zip(_TOKEN_CONSTANTS, saved):
+                setattr(qknorm, name, value)
+        return
     forced = dict(qknorm.FORCED)
     saved = (qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS,
              dict(qknorm.HEAD_BWD_BLOCK_ELEMENTS), qknorm.BACKWARD_WARPS,
@@ -85,6 +111,8 @@ def launch_settings(direction: str, setting: tuple[int, ...]):
 def default_setting(direction: str) -> tuple[int, ...]:
     """The direction's setting on this GPU (its family's tuning table over the module's)."""
     device = torch.device("cuda", torch.cuda.current_device())
+    if direction == "token-backward":
+        return tuple(getattr(qknorm, name) for name in _TOKEN_CONSTANTS)
     if direction == "forward":
         return (qknorm.launch_constant("HEAD_FWD_BLOCK_ELEMENTS", device),
                 qknorm.launch_constant("HEAD_FWD_WARPS", device))
@@ -102,11 +130,15 @@ def _under(direction, setting, fn):
 def sweep(shape, direction: str, settings: list[tuple[int, ...]]
           ) -> tuple[list[list[str]], float, float]:
     """(rows, copy us, compiled unfused us) of one shape in one direction."""
-    backward = direction == "backward"
+    backward = direction != "forward"
+    token = direction == "token-backward"
     q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=backward)
     eps = bench.EPS
 
     def fwd():
+        if token:  # the per-head weights tiled over the heads
+            return qknorm.qk_norm_rope(q, k, qw.repeat(shape.hq), kw.repeat(shape.hk), eps,
+                                       cos=cos, sin=sin, gemma=shape.gemma, norm="token")
         return qknorm.qk_norm_rope(q, k, qw, kw, eps, cos=cos, sin=sin, gemma=shape.gemma)
 
     torch._dynamo.reset()
@@ -128,8 +160,9 @@ def sweep(shape, direction: str, settings: list[tuple[int, ...]]
         for s in settings:
             check_same_answer(_under(direction, s, step(fwd))(), ref, 2, f"{shape.name} {s}")
             calls[s, "step"] = _under(direction, s, step(fwd))
-        calls["fwd"], calls["compiled step"], calls["compiled fwd"] = (
-            fwd, step(fwd_compiled), fwd_compiled)
+        calls["fwd"] = fwd
+        if not token:
+            calls["compiled step"], calls["compiled fwd"] = step(fwd_compiled), fwd_compiled
         moved = 3 * (q.numel() + k.numel()) * q.element_size() // 2  # copy_us moves 2x this
     else:
         qi, ki = q.clone(), k.clone()
@@ -153,20 +186,23 @@ def sweep(shape, direction: str, settings: list[tuple[int, ...]]
     for s in settings:
         times = [us[s, "step"] - us["fwd"]] if backward else [us[s, "out"], us[s, "in"]]
         rows.append([shape.name, *map(str, s)] + [c for t in times for c in (f"{t:.1f}", pct(t))])
-    compiled_us = (us["compiled step"] - us["compiled fwd"]) if backward else us["compiled"]
+    compiled_us = (None if token else us["compiled step"] - us["compiled fwd"] if backward
+                   else us["compiled"])
     return rows, copy, compiled_us
 
 
 COLUMNS = {"forward": ["shape", "block elements", "warps", "out of place (us)", "% copy",
                        "in place (us)", "% copy"],
            "backward": ["shape", "block elements", "warps", "programs per SM", "stages",
-                        "backward (us)", "% copy"]}
+                        "backward (us)", "% copy"],
+           "token-backward": ["shape", "whole-token elements", "elements a warp",
+                              "tokens a program", "stages", "backward (us)", "% copy"]}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.qknorm_launch_sweep",
                                  description=__doc__.split("\n")[0])
-    ap.add_argument("--direction", choices=("forward", "backward"), default="forward")
+    ap.add_argument("--direction", choices=tuple(COLUMNS), default="forward")
     ap.add_argument("--shapes", nargs="*", default=SHAPES)
     ap.add_argument("--settings", nargs="*", metavar="A,B,...",
                     help="time only these settings (the direction's tuple as comma-separated "
@@ -181,7 +217,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU; none is visible")
     default = default_setting(args.direction)
-    settings = backward_settings() if args.direction == "backward" else forward_settings()
+    settings = {"forward": forward_settings, "backward": backward_settings,
+                "token-backward": token_backward_settings}[args.direction]()
     if args.settings:
         try:
             settings = [tuple(int(v) for v in t.split(",")) for t in args.settings]
@@ -193,8 +230,8 @@ def main(argv=None) -> int:
     for name in args.shapes:
         shape_rows, copy, compiled = sweep(known[name], args.direction, settings)
         rows += shape_rows
-        notes.append(f"{name}: copy {copy:.1f} us, torch.compile of the unfused pair "
-                     f"{compiled:.1f} us")
+        notes.append(f"{name}: copy {copy:.1f} us" + (
+            "" if compiled is None else f", torch.compile of the unfused pair {compiled:.1f} us"))
         print("\n".join(" | ".join(r) for r in shape_rows), f"\n{notes[-1]}", flush=True)
     if args.json:
         meta = metadata()
