@@ -189,3 +189,28 @@ def test_copy_us_times_a_real_copy():
     for graph in (False, True):
         small, large = (timing.copy_us(n, graph=graph) for n in (1 << 20, 1 << 26))
         assert math.isfinite(small) and 0 < small < large   # 64x the bytes takes longer
+
+
+# ---- the host-cost benchmark's statistics (ports.harness.overhead) ------------------------------
+def test_host_cost_statistics_are_over_every_call_and_the_ratios_pair_like_statistics():
+    """A row's median and 10th percentile are over all its calls (the rounds pooled), its range
+    is the rounds' medians; each host-cost ratio compares the same statistic of two rows."""
+    from ports.harness import overhead
+
+    stats = overhead.statistics_of([[float(v) for v in range(101, 201)],
+                                    [float(v) for v in range(1, 101)]])
+    assert stats["median"] == pytest.approx(100.5) and stats["low"] == pytest.approx(20.9)
+    assert (stats["rounds_min"], stats["rounds_max"]) == (50.5, 150.5)
+
+    def row(median, low):
+        return {"median": median, "low": low, "rounds_min": 0.0, "rounds_max": 0.0}
+
+    rows = {overhead.DIRECT: row(10.0, 8.0), overhead.OP: row(16.0, 12.0),
+            overhead.COMPILED_INPLACE: row(60.0, 50.0), overhead.COMPILED_ADD: row(40.0, 36.0),
+            overhead.COMPILED: row(70.0, 55.0), overhead.COMPILED_ADD_OUT: row(45.0, 37.0),
+            overhead.COMPILED_LAUNCH: row(47.0, 41.0)}
+    assert overhead.ratios(rows) == [
+        ("the op through the dispatcher / the direct call", "1.60x", "1.50x"),
+        ("compiled apply_rope_inplace - compiled t.add_(0)", "+20.0 us", "+14.0 us"),
+        ("compiled apply_rope - compiled t + 0", "+25.0 us", "+18.0 us"),
+        ("floor: compiled launch-only op - compiled t.add_(0)", "+7.0 us", "+5.0 us")]
