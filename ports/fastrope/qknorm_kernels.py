@@ -389,89 +389,98 @@ def _backward_token(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, grp, tok0, T, S, n_he
                     D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
                     TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
                     TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
-                    HAS_TAIL: tl.constexpr, TOKENS_PER_PROGRAM: tl.constexpr):
+                    HAS_TAIL: tl.constexpr, TOKENS_PER_PROGRAM: tl.constexpr,
+                    WHOLE_TOKEN: tl.constexpr, STAGES: tl.constexpr):
     """dx of every head of tokens tok0 .. tok0 + TOKENS_PER_PROGRAM - 1, and their weight-gradient
-    partial sums as row ``grp`` of the [programs, heads * D] buffer, in two passes (the heads in
-    several blocks; :func:`_backward_whole_tokens` takes a token whose heads fit one block).
+    partial sums as row ``grp`` of the [programs, heads * D] buffer: ``WHOLE_TOKEN`` (every head in
+    one block), one pass a token (:func:`_backward_whole_tokens`); else two passes over blocks of
+    heads.
 
     Pass 1, per token: ``sum(x^2)`` and ``sum(dx_hat * x)`` over its heads give ``rstd`` and
     ``mean(dx_hat * x_hat) = rstd * sum(dx_hat * x) / N``, kept in two [TOKENS_PER_PROGRAM]
     registers. Pass 2, per block of heads, over the tokens: dx, and the block's dweight rows
     summed in registers. Pass 2 reads the program's tokens again: from DRAM once the resident
     programs' TOKENS_PER_PROGRAM tokens outgrow the L2."""
-    n = n_heads * D
-    slots = tl.arange(0, TOKENS_PER_PROGRAM)
-    rstds = tl.zeros([TOKENS_PER_PROGRAM], dtype=tl.float32)
-    dots = tl.zeros([TOKENS_PER_PROGRAM], dtype=tl.float32)
-    for i in range(TOKENS_PER_PROGRAM):
-        tok = tok0 + i
-        valid = tok < T
-        b = tok // S
-        s = tok - b * S
-        c1, s1, c2, s2 = _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
-                                 rows, tsr, tsc, HALF, PAIR_BLOCK, INTERLEAVED, TABLE, HAS_POS)
-        ss = tl.zeros([1, 1], dtype=tl.float32)
-        sd = tl.zeros([1, 1], dtype=tl.float32)
-        for h0 in range(0, n_heads, BLOCK_H):
-            h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
-            hm = (h < n_heads) & valid
-            x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
-                                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
-            g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
-                                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
-            w1, w2, wt = _head_weights(w_ptr, sw, h, hm, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
-                                       INTERLEAVED, GEMMA, HAS_TAIL)
-            dz1 = g1 * c1 + g2 * s2
-            dz2 = g2 * c2 - g1 * s1
-            ss += _sum_all(x1 * x1) + _sum_all(x2 * x2) + _sum_all(xt * xt)
-            sd += _sum_all(dz1 * w1 * x1) + _sum_all(dz2 * w2 * x2) + _sum_all(gt * wt * xt)
-        rstd = tl.rsqrt(ss / n + eps)
-        dot = rstd * sd / n
-        rstds = tl.where(slots == i, tl.sum(tl.sum(rstd, axis=1), axis=0), rstds)
-        dots = tl.where(slots == i, tl.sum(tl.sum(dot, axis=1), axis=0), dots)
-    j, o1, o2 = _members(HALF, PAIR_BLOCK, INTERLEAVED)
-    pm = j < HALF
-    for h0 in range(0, n_heads, BLOCK_H):
-        h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
-        hh = h < n_heads
-        w1, w2, wt = _head_weights(w_ptr, sw, h, hh, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
-                                   INTERLEAVED, GEMMA, HAS_TAIL)
-        acc1 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
-        acc2 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
-        acct = tl.zeros([BLOCK_H, TAIL_BLOCK], dtype=tl.float32)
+    if WHOLE_TOKEN:
+        _backward_whole_tokens(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, grp, tok0, T, S, n_heads,
+                               eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
+                               sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds, sdh, sdd, sw,
+                               D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_H, INTERLEAVED, TABLE,
+                               HAS_POS, GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, STAGES)
+    else:
+        n = n_heads * D
+        slots = tl.arange(0, TOKENS_PER_PROGRAM)
+        rstds = tl.zeros([TOKENS_PER_PROGRAM], dtype=tl.float32)
+        dots = tl.zeros([TOKENS_PER_PROGRAM], dtype=tl.float32)
         for i in range(TOKENS_PER_PROGRAM):
             tok = tok0 + i
             valid = tok < T
             b = tok // S
             s = tok - b * S
-            hm = hh & valid
-            rstd = tl.sum(tl.where(slots == i, rstds, 0.0), axis=0)
-            dot = tl.sum(tl.where(slots == i, dots, 0.0), axis=0)
             c1, s1, c2, s2 = _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
-                                     rows, tsr, tsc, HALF, PAIR_BLOCK, INTERLEAVED, TABLE,
-                                     HAS_POS)
-            x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
-                                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
-            g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
-                                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
-            xh1 = tl.where(hm & pm, x1 * rstd, 0.0)
-            xh2 = tl.where(hm & pm, x2 * rstd, 0.0)
-            xht = tl.where(hm, xt * rstd, 0.0)
-            dz1 = g1 * c1 + g2 * s2
-            dz2 = g2 * c2 - g1 * s1
-            acc1 += dz1 * xh1
-            acc2 += dz2 * xh2
-            acct += gt * xht
-            _store_rows(dx_ptr + b * sdb + s * sds + h * sdh, sdd, hm,
-                        rstd * (dz1 * w1 - xh1 * dot), rstd * (dz2 * w2 - xh2 * dot),
-                        rstd * (gt * wt - xht * dot), D, HALF, PAIR_BLOCK, TAIL_BLOCK,
-                        INTERLEAVED, HAS_TAIL)
-        prow = part_ptr + grp * n + h * D
-        tl.store(prow + o1, acc1, mask=hh & pm)
-        tl.store(prow + o2, acc2, mask=hh & pm)
-        if HAS_TAIL:
-            t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
-            tl.store(prow + t, acct, mask=hh & (t < D))
+                                     rows, tsr, tsc, HALF, PAIR_BLOCK, INTERLEAVED, TABLE, HAS_POS)
+            ss = tl.zeros([1, 1], dtype=tl.float32)
+            sd = tl.zeros([1, 1], dtype=tl.float32)
+            for h0 in range(0, n_heads, BLOCK_H):
+                h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
+                hm = (h < n_heads) & valid
+                x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
+                                        PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+                g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
+                                        PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+                w1, w2, wt = _head_weights(w_ptr, sw, h, hm, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
+                                           INTERLEAVED, GEMMA, HAS_TAIL)
+                dz1 = g1 * c1 + g2 * s2
+                dz2 = g2 * c2 - g1 * s1
+                ss += _sum_all(x1 * x1) + _sum_all(x2 * x2) + _sum_all(xt * xt)
+                sd += _sum_all(dz1 * w1 * x1) + _sum_all(dz2 * w2 * x2) + _sum_all(gt * wt * xt)
+            rstd = tl.rsqrt(ss / n + eps)
+            dot = rstd * sd / n
+            rstds = tl.where(slots == i, tl.sum(tl.sum(rstd, axis=1), axis=0), rstds)
+            dots = tl.where(slots == i, tl.sum(tl.sum(dot, axis=1), axis=0), dots)
+        j, o1, o2 = _members(HALF, PAIR_BLOCK, INTERLEAVED)
+        pm = j < HALF
+        for h0 in range(0, n_heads, BLOCK_H):
+            h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
+            hh = h < n_heads
+            w1, w2, wt = _head_weights(w_ptr, sw, h, hh, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
+                                       INTERLEAVED, GEMMA, HAS_TAIL)
+            acc1 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
+            acc2 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
+            acct = tl.zeros([BLOCK_H, TAIL_BLOCK], dtype=tl.float32)
+            for i in range(TOKENS_PER_PROGRAM):
+                tok = tok0 + i
+                valid = tok < T
+                b = tok // S
+                s = tok - b * S
+                hm = hh & valid
+                rstd = tl.sum(tl.where(slots == i, rstds, 0.0), axis=0)
+                dot = tl.sum(tl.where(slots == i, dots, 0.0), axis=0)
+                c1, s1, c2, s2 = _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
+                                         rows, tsr, tsc, HALF, PAIR_BLOCK, INTERLEAVED, TABLE,
+                                         HAS_POS)
+                x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
+                                        PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+                g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
+                                        PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+                xh1 = tl.where(hm & pm, x1 * rstd, 0.0)
+                xh2 = tl.where(hm & pm, x2 * rstd, 0.0)
+                xht = tl.where(hm, xt * rstd, 0.0)
+                dz1 = g1 * c1 + g2 * s2
+                dz2 = g2 * c2 - g1 * s1
+                acc1 += dz1 * xh1
+                acc2 += dz2 * xh2
+                acct += gt * xht
+                _store_rows(dx_ptr + b * sdb + s * sds + h * sdh, sdd, hm,
+                            rstd * (dz1 * w1 - xh1 * dot), rstd * (dz2 * w2 - xh2 * dot),
+                            rstd * (gt * wt - xht * dot), D, HALF, PAIR_BLOCK, TAIL_BLOCK,
+                            INTERLEAVED, HAS_TAIL)
+            prow = part_ptr + grp * n + h * D
+            tl.store(prow + o1, acc1, mask=hh & pm)
+            tl.store(prow + o2, acc2, mask=hh & pm)
+            if HAS_TAIL:
+                t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
+                tl.store(prow + t, acct, mask=hh & (t < D))
 
 
 @triton.jit
@@ -486,7 +495,9 @@ def _backward_whole_tokens(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, grp, tok0, T, 
     """:func:`_backward_token` with every head of a token in one block (n_heads <= BLOCK_H):
     per token, its rows of x and dy are read once, the sums, dx and the dweight terms all come
     from the registers. STAGES > 1 asks Triton's pipeliner to issue a later token's loads while
-    a token is computed."""
+    a token is computed. Its per-token lines repeat pass 2 of :func:`_backward_token`: sharing
+    them through helper functions reordered the instructions, and ptxas then spilled registers in
+    the two-pass kernel (bf16, sm_90)."""
     n = n_heads * D
     h = tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
     hh = h < n_heads
@@ -553,35 +564,17 @@ def qk_token_norm_rope_bwd_kernel(
     which = tl.program_id(1)
     tok0 = grp * TOKENS_PER_PROGRAM
     if which == 0:
-        if WHOLE_TOKEN:
-            _backward_whole_tokens(
-                q_ptr, gq_ptr, dq_ptr, qw_ptr, qpart_ptr, grp, tok0, T, S, HQ, eps,
-                pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
-                sqb, sqs, sqh, sqd, sgqb, sgqs, sgqh, sgqd, sdqb, sdqs, sdqh, sdqd, sqw,
-                D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, TABLE, HAS_POS,
-                GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, STAGES)
-        else:
-            _backward_token(
-                q_ptr, gq_ptr, dq_ptr, qw_ptr, qpart_ptr, grp, tok0, T, S, HQ, eps,
-                pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
-                sqb, sqs, sqh, sqd, sgqb, sgqs, sgqh, sgqd, sdqb, sdqs, sdqh, sdqd, sqw,
-                D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, TABLE, HAS_POS,
-                GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM)
+        _backward_token(q_ptr, gq_ptr, dq_ptr, qw_ptr, qpart_ptr, grp, tok0, T, S, HQ, eps,
+                        pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
+                        sqb, sqs, sqh, sqd, sgqb, sgqs, sgqh, sgqd, sdqb, sdqs, sdqh, sdqd, sqw,
+                        D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, TABLE, HAS_POS,
+                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, WHOLE_TOKEN, STAGES)
     else:
-        if WHOLE_TOKEN:
-            _backward_whole_tokens(
-                k_ptr, gk_ptr, dk_ptr, kw_ptr, kpart_ptr, grp, tok0, T, S, HK, eps,
-                pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
-                skb, sks, skh, skd, sgkb, sgks, sgkh, sgkd, sdkb, sdks, sdkh, sdkd, skw,
-                D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, TABLE, HAS_POS,
-                GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, STAGES)
-        else:
-            _backward_token(
-                k_ptr, gk_ptr, dk_ptr, kw_ptr, kpart_ptr, grp, tok0, T, S, HK, eps,
-                pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
-                skb, sks, skh, skd, sgkb, sgks, sgkh, sgkd, sdkb, sdks, sdkh, sdkd, skw,
-                D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, TABLE, HAS_POS,
-                GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM)
+        _backward_token(k_ptr, gk_ptr, dk_ptr, kw_ptr, kpart_ptr, grp, tok0, T, S, HK, eps,
+                        pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
+                        skb, sks, skh, skd, sgkb, sgks, sgkh, sgkd, sdkb, sdks, sdkh, sdkd, skw,
+                        D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, TABLE, HAS_POS,
+                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, WHOLE_TOKEN, STAGES)
 
 
 # ---- the weight gradients: the partial rows' column sums ----------------------------------------
