@@ -467,14 +467,14 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
         tpp = LONG_RUN_TOKENS if g.tokens >= LONG_RUN_MIN_TOKENS else 1
         p2 = triton.next_power_of_2
         whole = max(p2(g.q_heads), p2(g.k_heads)) * p2(g.head_dim)
+        whole_token = whole <= TOKEN_BWD_WHOLE_ELEMENTS
         warps = BACKWARD_WARPS
-        if whole <= TOKEN_BWD_WHOLE_ELEMENTS:
+        if whole_token:
             bq, bk = p2(g.q_heads), p2(g.k_heads)
             warps = max(warps, whole // TOKEN_BWD_ELEMENTS_PER_WARP)
         return _backward_token_norm(g, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
                                     cos, sin, positions, base, gemma, layout, bq, bk, tpp,
-                                    triton.cdiv(g.tokens, tpp),
-                                    whole <= TOKEN_BWD_WHOLE_ELEMENTS, warps)
+                                    triton.cdiv(g.tokens, tpp), whole_token, warps)
     tpp = backward_tokens_per_program(g.tokens, qb + kb, q.device)
     groups = triton.cdiv(g.tokens, tpp)
     qpart = _alloc.empty((groups * qb, g.head_dim), dtype=torch.float32, device=q.device)
