@@ -360,14 +360,29 @@ def test_token_norm_forward(case):
     check_forward(case, in_place=True)
 
 
+def _token_backward_paths(monkeypatch, passes: str) -> list[bool]:
+    """Force the two-pass backward for "blocks of heads"; returns the ``whole_token`` of every
+    token-norm backward launched, recorded."""
+    if passes == "blocks of heads":
+        monkeypatch.setattr(qknr, "TOKEN_BWD_WHOLE_ELEMENTS", 0)
+    paths, launch = [], qknr._backward_token_norm
+
+    def recorded(*args):
+        paths.append(args[-2])
+        return launch(*args)
+
+    monkeypatch.setattr(qknr, "_backward_token_norm", recorded)
+    return paths
+
+
 @pytest.mark.parametrize("passes", ["whole tokens", "blocks of heads"])
 @pytest.mark.parametrize("case", TOKEN_CASES, ids=TOKEN_IDS)
 def test_token_norm_backward(monkeypatch, case, passes):
     """Both backwards: a token's heads whole, in one pass (these heads fit), and in blocks of
     heads, in two passes (where a token's heads are too many for one block)."""
-    if passes == "blocks of heads":
-        monkeypatch.setattr(qknr, "TOKEN_BWD_WHOLE_ELEMENTS", 0)
+    paths = _token_backward_paths(monkeypatch, passes)
     check_backward(case)
+    assert paths and set(paths) == {passes == "whole tokens"}
 
 
 @pytest.mark.parametrize("passes", ["whole tokens", "blocks of heads"])
@@ -378,13 +393,13 @@ def test_token_norm_backward_several_tokens_per_program(monkeypatch, passes):
     monkeypatch.setattr(qknr, "LONG_RUN_MIN_TOKENS", 1)
     monkeypatch.setattr(qknr, "LONG_RUN_TOKENS", 8)
     monkeypatch.setattr(qknr, "TOKEN_BWD_BLOCK_ELEMENTS", 16)
-    if passes == "blocks of heads":
-        monkeypatch.setattr(qknr, "TOKEN_BWD_WHOLE_ELEMENTS", 0)
+    paths = _token_backward_paths(monkeypatch, passes)
     c = Case(b=3, s=7, hq=3, hk=2, d=8, asymmetric=True, norm="token")
     first = check_backward(c)
     second = check_backward(c)
     for name in ("dq", "dk", "dqw", "dkw"):
         assert torch.equal(first[name], second[name]), name
+    assert paths and set(paths) == {passes == "whole tokens"}
 
 
 def test_token_norm_differs_from_head_norm():
