@@ -354,25 +354,33 @@ TOKEN_IDS = ["fp32", "bf16-interleaved-sbhd", "fp16-bhsd-partial-half-odd-heads"
              "thd-gemma", "computed-mqa-d20"]
 
 
-@pytest.mark.parametrize("case", TOKEN_CASES, ids=TOKEN_IDS)
-def test_token_norm_forward(case):
-    check_forward(case)
-    check_forward(case, in_place=True)
-
-
-def _token_backward_paths(monkeypatch, passes: str) -> list[bool]:
-    """Force the two-pass backward for "blocks of heads"; returns the ``whole_token`` of every
-    token-norm backward launched, recorded."""
+def _token_paths(monkeypatch, passes: str) -> list[bool]:
+    """Force the two-pass kernels (forward and backward) for "blocks of heads"; returns the
+    ``whole_token`` of every token-norm launch, recorded."""
     if passes == "blocks of heads":
+        monkeypatch.setattr(qknr, "TOKEN_FWD_WHOLE_ELEMENTS", 0)
         monkeypatch.setattr(qknr, "TOKEN_BWD_WHOLE_ELEMENTS", 0)
-    paths, launch = [], qknr._backward_token_norm
+    paths, blocks = [], qknr._token_blocks
 
     def recorded(*args):
-        paths.append(args[-2])
-        return launch(*args)
+        plan = blocks(*args)
+        paths.append(plan[2])
+        return plan
 
-    monkeypatch.setattr(qknr, "_backward_token_norm", recorded)
+    monkeypatch.setattr(qknr, "_token_blocks", recorded)
     return paths
+
+
+@pytest.mark.parametrize("passes", ["whole tokens", "blocks of heads"])
+@pytest.mark.parametrize("case", TOKEN_CASES, ids=TOKEN_IDS)
+def test_token_norm_forward(monkeypatch, case, passes):
+    """Both forwards: a token's heads whole, read once (these heads fit), and in blocks of one or
+    two heads (the last block partial where the heads are odd), read twice."""
+    paths = _token_paths(monkeypatch, passes)
+    monkeypatch.setattr(qknr, "TOKEN_FWD_BLOCK_ELEMENTS", 16)
+    check_forward(case)
+    check_forward(case, in_place=True)
+    assert len(paths) == 2 and set(paths) == {passes == "whole tokens"}
 
 
 @pytest.mark.parametrize("passes", ["whole tokens", "blocks of heads"])
@@ -380,7 +388,7 @@ def _token_backward_paths(monkeypatch, passes: str) -> list[bool]:
 def test_token_norm_backward(monkeypatch, case, passes):
     """Both backwards: a token's heads whole, in one pass (these heads fit), and in blocks of
     heads, in two passes (where a token's heads are too many for one block)."""
-    paths = _token_backward_paths(monkeypatch, passes)
+    paths = _token_paths(monkeypatch, passes)
     check_backward(case)
     assert paths and set(paths) == {passes == "whole tokens"}
 
@@ -393,7 +401,7 @@ def test_token_norm_backward_several_tokens_per_program(monkeypatch, passes):
     monkeypatch.setattr(qknr, "LONG_RUN_MIN_TOKENS", 1)
     monkeypatch.setattr(qknr, "LONG_RUN_TOKENS", 8)
     monkeypatch.setattr(qknr, "TOKEN_BWD_BLOCK_ELEMENTS", 16)
-    paths = _token_backward_paths(monkeypatch, passes)
+    paths = _token_paths(monkeypatch, passes)
     c = Case(b=3, s=7, hq=3, hk=2, d=8, asymmetric=True, norm="token")
     first = check_backward(c)
     second = check_backward(c)
@@ -608,7 +616,10 @@ def signature(fn, dtype, consts):
 for fn, extra, elements, warps in (
         (K.qk_norm_rope_fwd_kernel, {}, Q.HEAD_FWD_BLOCK_ELEMENTS, Q.HEAD_FWD_WARPS),
         (K.qk_norm_rope_bwd_kernel, {"STAGES": Q.BACKWARD_STAGES}, None, Q.BACKWARD_WARPS),
-        (K.qk_token_norm_rope_fwd_kernel, {}, Q.TOKEN_FWD_BLOCK_ELEMENTS, Q.TOKEN_FWD_WARPS),
+        (K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": False}, Q.TOKEN_FWD_BLOCK_ELEMENTS,
+         Q.TOKEN_FWD_WARPS),
+        (K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": True}, Q.TOKEN_FWD_WHOLE_ELEMENTS,
+         max(1, 32 * 128 // Q.TOKEN_FWD_ELEMENTS_PER_WARP)),
         (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS,
                                            "WHOLE_TOKEN": False, "STAGES": Q.TOKEN_BWD_STAGES},
          Q.TOKEN_BWD_BLOCK_ELEMENTS, Q.BACKWARD_WARPS),
@@ -653,7 +664,7 @@ for dtype in ("bf16", "fp16", "fp32"):
 
 def test_kernels_compile_for_sm90_without_spills():
     """The four kernels (per-head and per-token norm, forward and backward; the token norm's
-    backward whole and in blocks of heads), three variants each
+    forward and backward each whole and in blocks of heads), three variants each
     (dtypes, table forms, styles, tails, positions), and the weight gradients' reduction, compiled
     to sm_90 PTX by Triton (and through ptxas, with no register spill, when it is on PATH): a
     typing error the interpreter lets through fails here."""
@@ -667,4 +678,4 @@ def test_kernels_compile_for_sm90_without_spills():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SM90], capture_output=True, text=True,
                        cwd=root, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("compiled") == 18
+    assert r.stdout.count("compiled") == 21

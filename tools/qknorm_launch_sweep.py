@@ -18,9 +18,12 @@ constants a GPU family's table sets (``DEVICE_TUNED``) are tuned and written by
 all heads of a token (``norm="token"``, the per-head weights tiled over the heads, as the suite's
 row): ``TOKEN_BWD_WHOLE_ELEMENTS`` (0: every token in two passes over blocks of heads),
 ``TOKEN_BWD_ELEMENTS_PER_WARP``, the tokens a program (``LONG_RUN_TOKENS``) and
-``TOKEN_BWD_STAGES``; it has no torch.compile row. A results data file with ``--json``:
+``TOKEN_BWD_STAGES``; ``--direction token-forward`` its forward, out of place and in place:
+``TOKEN_FWD_WHOLE_ELEMENTS`` (0: two passes over blocks of heads) and
+``TOKEN_FWD_ELEMENTS_PER_WARP``. The token directions have no torch.compile row. A results data
+file with ``--json``:
 
-    python -m tools.qknorm_launch_sweep [--direction forward|backward|token-backward]
+    python -m tools.qknorm_launch_sweep [--direction forward|backward|token-forward|token-backward]
         [--shapes NAME ...] [--json FILE] [--commit SHA]
 """
 from __future__ import annotations
@@ -67,21 +70,30 @@ def token_backward_settings() -> list[tuple[int, int, int, int]]:
         (256, 512, 1024), (8, 16, 32), (1, 2))]
 
 
-_TOKEN_CONSTANTS = ("TOKEN_BWD_WHOLE_ELEMENTS", "TOKEN_BWD_ELEMENTS_PER_WARP", "LONG_RUN_TOKENS",
-                    "TOKEN_BWD_STAGES")
+def token_forward_settings() -> list[tuple[int, int]]:
+    """(whole-token elements, elements a warp): the two-pass kernel (0) at its settings, and
+    whole tokens on 2 to 16 warps (32 heads of 128)."""
+    return [(0, 512)] + [(8192, e) for e in (256, 512, 1024, 2048)]
+
+
+_TOKEN_CONSTANTS = {
+    "token-forward": ("TOKEN_FWD_WHOLE_ELEMENTS", "TOKEN_FWD_ELEMENTS_PER_WARP"),
+    "token-backward": ("TOKEN_BWD_WHOLE_ELEMENTS", "TOKEN_BWD_ELEMENTS_PER_WARP",
+                       "LONG_RUN_TOKENS", "TOKEN_BWD_STAGES")}
 
 
 @contextlib.contextmanager
 def launch_settings(direction: str, setting: tuple[int, ...]):
     """The module's launch constants set to ``setting`` for ``direction`` (restored after)."""
-    if direction == "token-backward":
-        saved = [getattr(qknorm, name) for name in _TOKEN_CONSTANTS]
-        for name, value in zip(_TOKEN_CONSTANTS, setting):
+    if direction in _TOKEN_CONSTANTS:
+        names = _TOKEN_CONSTANTS[direction]
+        saved = [getattr(qknorm, name) for name in names]
+        for name, value in zip(names, setting):
             setattr(qknorm, name, value)
         try:
             yield
         finally:
-            for name, value in zip(_TOKEN_CONSTANTS, saved):
+            for name, value in zip(names, saved):
                 setattr(qknorm, name, value)
         return
     forced = dict(qknorm.FORCED)
@@ -111,8 +123,8 @@ def launch_settings(direction: str, setting: tuple[int, ...]):
 def default_setting(direction: str) -> tuple[int, ...]:
     """The direction's setting on this GPU (its family's tuning table over the module's)."""
     device = torch.device("cuda", torch.cuda.current_device())
-    if direction == "token-backward":
-        return tuple(getattr(qknorm, name) for name in _TOKEN_CONSTANTS)
+    if direction in _TOKEN_CONSTANTS:
+        return tuple(getattr(qknorm, name) for name in _TOKEN_CONSTANTS[direction])
     if direction == "forward":
         return (qknorm.launch_constant("HEAD_FWD_BLOCK_ELEMENTS", device),
                 qknorm.launch_constant("HEAD_FWD_WARPS", device))
@@ -130,16 +142,16 @@ def _under(direction, setting, fn):
 def sweep(shape, direction: str, settings: list[tuple[int, ...]]
           ) -> tuple[list[list[str]], float, float]:
     """(rows, copy us, compiled unfused us) of one shape in one direction."""
-    backward = direction != "forward"
-    token = direction == "token-backward"
+    backward = direction.endswith("backward")
+    token = direction in _TOKEN_CONSTANTS
     q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=backward)
     eps = bench.EPS
+    # the token norm: the per-head weights tiled over the heads
+    norm_args = ((qw.repeat(shape.hq), kw.repeat(shape.hk), eps) if token else (qw, kw, eps))
+    norm_kwargs = dict(cos=cos, sin=sin, gemma=shape.gemma, norm="token" if token else "head")
 
     def fwd():
-        if token:  # the per-head weights tiled over the heads
-            return qknorm.qk_norm_rope(q, k, qw.repeat(shape.hq), kw.repeat(shape.hk), eps,
-                                       cos=cos, sin=sin, gemma=shape.gemma, norm="token")
-        return qknorm.qk_norm_rope(q, k, qw, kw, eps, cos=cos, sin=sin, gemma=shape.gemma)
+        return qknorm.qk_norm_rope(q, k, *norm_args, **norm_kwargs)
 
     torch._dynamo.reset()
     compiled = torch.compile(bench.unfused, fullgraph=True)
@@ -171,8 +183,9 @@ def sweep(shape, direction: str, settings: list[tuple[int, ...]]
             check_same_answer(_under(direction, s, fwd)(), ref, 0, f"{shape.name} {s}")
             calls[s, "out"] = _under(direction, s, fwd)
             calls[s, "in"] = _under(direction, s, lambda: qknorm.qk_norm_rope_inplace(
-                qi, ki, qw, kw, eps, cos=cos, sin=sin, gemma=shape.gemma))
-        calls["compiled"] = fwd_compiled
+                qi, ki, *norm_args, **norm_kwargs))
+        if not token:
+            calls["compiled"] = fwd_compiled
         moved = (q.numel() + k.numel()) * q.element_size()
     for f in calls.values():
         f()  # compile, autotune outside the capture
@@ -195,6 +208,8 @@ COLUMNS = {"forward": ["shape", "block elements", "warps", "out of place (us)", 
                        "in place (us)", "% copy"],
            "backward": ["shape", "block elements", "warps", "programs per SM", "stages",
                         "backward (us)", "% copy"],
+           "token-forward": ["shape", "whole-token elements", "elements a warp",
+                             "out of place (us)", "% copy", "in place (us)", "% copy"],
            "token-backward": ["shape", "whole-token elements", "elements a warp",
                               "tokens a program", "stages", "backward (us)", "% copy"]}
 
@@ -218,6 +233,7 @@ def main(argv=None) -> int:
         ap.error("needs a CUDA GPU; none is visible")
     default = default_setting(args.direction)
     settings = {"forward": forward_settings, "backward": backward_settings,
+                "token-forward": token_forward_settings,
                 "token-backward": token_backward_settings}[args.direction]()
     if args.settings:
         try:

@@ -57,16 +57,16 @@ Norm over all heads of a token (OLMo2)
 --------------------------------------
 OLMo2 normalises q and k over all heads of a token at once (a ``num_heads * head_dim``
 weight): ``norm="token"``. Its kernels (``qk_token_norm_rope_*``) give a program every head of
-one tensor for its token (forward) or its tokens (backward). The forward reads a token's rows in
-blocks of heads twice: once for the token's sums, once to write (the second read is meant to
-come from L1/L2: a token's q is 8 KB at 32 x 128 bf16; not measured). The grid is tokens x 2
-(q, k), so a decode step of a few tokens has only a few programs. The backward takes a token's
-heads whole where they fit one block (``TOKEN_BWD_WHOLE_ELEMENTS``): one pass, each row read
-once, 2.8x faster than two passes at Qwen3-8B's 4k tokens and 1.4x at 4 x 4k (H100). Above
-that it keeps each token's ``rstd`` and ``mean(dx_hat * x_hat)`` in registers between two
+one tensor for its token (forward) or its tokens (backward). The forward takes a token's heads
+whole where they fit one block (``TOKEN_FWD_WHOLE_ELEMENTS``): each row read once and kept in
+registers; above that it reads them in blocks of heads twice, once for the token's sums, once to
+write. The grid is tokens x 2 (q, k), so a decode step of a few tokens has only a few programs.
+The backward takes a token's heads whole where they fit one block
+(``TOKEN_BWD_WHOLE_ELEMENTS``): one pass, each row read once, 2.8x faster than two passes at
+Qwen3-8B's 4k tokens and 1.4x at 4 x 4k (H100). Above that it keeps each token's ``rstd`` and ``mean(dx_hat * x_hat)`` in registers between two
 passes over blocks of heads. Its weight gradient's partial rows are
 ``[programs, heads * head_dim]``: ``8 / (3 * tokens_per_program * itemsize)`` extra bytes, about
-8% at 16 tokens a program in bf16. The forward's launch settings are first guesses.
+8% at 16 tokens a program in bf16.
 
 Deterministic weight gradients
 ------------------------------
@@ -114,7 +114,12 @@ MAX_HEAD_DIM = 1024        # one head row held in registers
 # at 4 x 4k, 200.7 -> 170.4 at 32k); on the H100 1024 takes 30.9 against 28.7 us at 4k.
 HEAD_FWD_BLOCK_ELEMENTS = 512
 HEAD_FWD_WARPS = 1
-# The token-norm forward's block: 16 elements a thread at TOKEN_FWD_WARPS = 4 (not swept).
+# The token-norm forward takes a token's heads whole, read once, where they fit
+# TOKEN_FWD_WHOLE_ELEMENTS (heads and head_dim padded to powers of two), on a warp per
+# TOKEN_FWD_ELEMENTS_PER_WARP; above that it reads them twice, in blocks of
+# TOKEN_FWD_BLOCK_ELEMENTS on TOKEN_FWD_WARPS (16 elements a thread; not swept).
+TOKEN_FWD_WHOLE_ELEMENTS = 8192
+TOKEN_FWD_ELEMENTS_PER_WARP = 512
 TOKEN_FWD_BLOCK_ELEMENTS = 2048
 # The backward holds x, dy, the weight and the partial sums: a quarter of the forward's block
 # (at 1024 an fp32 head of 96 channels, padded to 128, spilled registers on sm_90). This is the
@@ -353,6 +358,21 @@ def _block_heads(heads: int, head_dim: int, elements: int) -> int:
     return max(1, min(triton.next_power_of_2(heads), 1 << (fit.bit_length() - 1)))
 
 
+def _token_blocks(g: Geometry, block_elements: int, block_warps: int, whole_elements: int,
+                  elements_per_warp: int, min_whole_warps: int) -> tuple[int, int, bool, int]:
+    """norm="token": (q heads a block, k heads a block, whole token, warps). Every head of a
+    tensor in one block where q's and k's heads, padded to powers of two, hold at most
+    ``whole_elements`` channels, on ``elements_per_warp`` a warp (at least ``min_whole_warps``);
+    else blocks of ``block_elements`` on ``block_warps``."""
+    p2 = triton.next_power_of_2
+    whole = max(p2(g.q_heads), p2(g.k_heads)) * p2(g.head_dim)
+    if whole <= whole_elements:
+        return p2(g.q_heads), p2(g.k_heads), True, max(min_whole_warps,
+                                                       whole // elements_per_warp)
+    return (_block_heads(g.q_heads, g.head_dim, block_elements),
+            _block_heads(g.k_heads, g.head_dim, block_elements), False, block_warps)
+
+
 def _common(g: Geometry, q: Tensor, cos, sin, positions, base) -> tuple[list, dict]:
     """The launch arguments both kernels share: (pointer args, scalar/constexpr kwargs)."""
     half = g.rotary_dim // 2
@@ -398,15 +418,17 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
         return qo, ko
     ptrs, kw = _common(g, q, cos, sin, positions, base)
     if g.norm == "token":
-        bq = _block_heads(g.q_heads, g.head_dim, TOKEN_FWD_BLOCK_ELEMENTS)
-        bk = _block_heads(g.k_heads, g.head_dim, TOKEN_FWD_BLOCK_ELEMENTS)
+        bq, bk, whole_token, warps = _token_blocks(
+            g, TOKEN_FWD_BLOCK_ELEMENTS, TOKEN_FWD_WARPS, TOKEN_FWD_WHOLE_ELEMENTS,
+            TOKEN_FWD_ELEMENTS_PER_WARP, 1)
         with _triton.device_guard(q.device):
             K.qk_token_norm_rope_fwd_kernel[(g.tokens, 2)](
                 q, k, qo, ko, q_weight, k_weight, *ptrs,
                 g.seqlen, g.q_heads, g.k_heads, max(g.table_rows, 1), float(eps),
                 *_strides(q, layout), *_strides(k, layout), *_strides(qo, layout),
                 *_strides(ko, layout), q_weight.stride(0), k_weight.stride(0),
-                BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, num_warps=TOKEN_FWD_WARPS, **kw)
+                BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, WHOLE_TOKEN=whole_token,
+                num_warps=warps, **kw)
         return qo, ko
     elements = launch_constant("HEAD_FWD_BLOCK_ELEMENTS", q.device)
     bq = _block_heads(g.q_heads, g.head_dim, elements)
@@ -456,25 +478,20 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
                              f"input {tuple(x.shape)} {dtype_name(x.dtype)}")
     dq = _alloc.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = _alloc.empty(k.shape, dtype=k.dtype, device=k.device)
-    elements = (TOKEN_BWD_BLOCK_ELEMENTS if g.norm == "token"
-                else HEAD_BWD_BLOCK_ELEMENTS[q.element_size(), g.rotary_dim < g.head_dim])
-    bq = _block_heads(g.q_heads, g.head_dim, elements)
-    bk = _block_heads(g.k_heads, g.head_dim, elements)
-    qb, kb = triton.cdiv(g.q_heads, bq), triton.cdiv(g.k_heads, bk)
     if g.norm == "token":
         # Several tokens per program once the grid has plenty of programs without them: fewer
         # partial rows (the deterministic reduction's cost), same parallelism.
         tpp = LONG_RUN_TOKENS if g.tokens >= LONG_RUN_MIN_TOKENS else 1
-        p2 = triton.next_power_of_2
-        whole = max(p2(g.q_heads), p2(g.k_heads)) * p2(g.head_dim)
-        whole_token = whole <= TOKEN_BWD_WHOLE_ELEMENTS
-        warps = BACKWARD_WARPS
-        if whole_token:
-            bq, bk = p2(g.q_heads), p2(g.k_heads)
-            warps = max(warps, whole // TOKEN_BWD_ELEMENTS_PER_WARP)
+        bq, bk, whole_token, warps = _token_blocks(
+            g, TOKEN_BWD_BLOCK_ELEMENTS, BACKWARD_WARPS, TOKEN_BWD_WHOLE_ELEMENTS,
+            TOKEN_BWD_ELEMENTS_PER_WARP, BACKWARD_WARPS)
         return _backward_token_norm(g, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
                                     cos, sin, positions, base, gemma, layout, bq, bk, tpp,
                                     triton.cdiv(g.tokens, tpp), whole_token, warps)
+    elements = HEAD_BWD_BLOCK_ELEMENTS[q.element_size(), g.rotary_dim < g.head_dim]
+    bq = _block_heads(g.q_heads, g.head_dim, elements)
+    bk = _block_heads(g.k_heads, g.head_dim, elements)
+    qb, kb = triton.cdiv(g.q_heads, bq), triton.cdiv(g.k_heads, bk)
     tpp = backward_tokens_per_program(g.tokens, qb + kb, q.device)
     groups = triton.cdiv(g.tokens, tpp)
     qpart = _alloc.empty((groups * qb, g.head_dim), dtype=torch.float32, device=q.device)

@@ -299,9 +299,9 @@ def qk_norm_rope_bwd_kernel(
 # ---- norm over all heads of a token (OLMo2) ---------------------------------------------------
 # The weight has heads * D elements (row h of it for head h); the mean square is over the token's
 # heads * D channels. A program takes every head of one tensor (grid y: 0 = q, 1 = k) for one
-# token (forward) or TOKENS_PER_PROGRAM tokens (backward), in blocks of BLOCK_H heads, and reads
-# its rows twice: once for the token's sums, once to write (the second read of a token's few KB
-# comes from L1/L2, not DRAM).
+# token (forward) or TOKENS_PER_PROGRAM tokens (backward). WHOLE_TOKEN: all its heads in one block
+# of BLOCK_H, each row read once; else in blocks of BLOCK_H heads, its rows read twice: once for
+# the token's sums, once to write.
 
 
 @triton.jit
@@ -324,34 +324,60 @@ def _sum_all(a):
 
 
 @triton.jit
+def _norm_rotate_store(x1, x2, xt, rstd, w_ptr, o_ptr, sw, sod, h, hm, c1, s1, c2, s2,
+                       D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
+                       TAIL_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr, GEMMA: tl.constexpr,
+                       HAS_TAIL: tl.constexpr):
+    """Rows h of the output: ``RoPE(x * rstd * w)``, with rows h of the ``[heads * D]`` weight."""
+    w1, w2, wt = _head_weights(w_ptr, sw, h, hm, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
+                               INTERLEAVED, GEMMA, HAS_TAIL)
+    z1 = x1 * rstd * w1
+    z2 = x2 * rstd * w2
+    zt = xt * rstd * wt
+    y1 = z1 * c1 - z2 * s1
+    y2 = z2 * c2 + z1 * s2
+    _store_rows(o_ptr, sod, hm, y1, y2, zt, D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED,
+                HAS_TAIL)
+
+
+@triton.jit
 def _forward_token(x_ptr, o_ptr, w_ptr, b, s, n_heads, c1, s1, c2, s2, eps,
                    sxb, sxs, sxh, sxd, sob, sos, soh, sod, sw,
                    D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
                    TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
-                   GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr):
-    """Norm over all heads of one token, then rotate each head."""
-    ss = tl.zeros([1, 1], dtype=tl.float32)
-    for h0 in range(0, n_heads, BLOCK_H):
-        h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
+                   GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr, WHOLE_TOKEN: tl.constexpr):
+    """Norm over all heads of one token, then rotate each head. ``WHOLE_TOKEN`` (every head in
+    one block, n_heads <= BLOCK_H): the token's rows are read once and kept in registers; else
+    two passes over blocks of heads, the second reading the rows again."""
+    x_row = x_ptr + b * sxb + s * sxs
+    o_row = o_ptr + b * sob + s * sos
+    if WHOLE_TOKEN:
+        h = tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
         hm = h < n_heads
-        x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
-                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
-        ss += _sum_all(x1 * x1) + _sum_all(x2 * x2) + _sum_all(xt * xt)
-    rstd = tl.rsqrt(ss / (n_heads * D) + eps)
-    for h0 in range(0, n_heads, BLOCK_H):
-        h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
-        hm = h < n_heads
-        x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
-                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
-        w1, w2, wt = _head_weights(w_ptr, sw, h, hm, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
-                                   INTERLEAVED, GEMMA, HAS_TAIL)
-        z1 = x1 * rstd * w1
-        z2 = x2 * rstd * w2
-        zt = xt * rstd * wt
-        y1 = z1 * c1 - z2 * s1
-        y2 = z2 * c2 + z1 * s2
-        _store_rows(o_ptr + b * sob + s * sos + h * soh, sod, hm, y1, y2, zt, D, HALF,
-                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+        x1, x2, xt = _load_rows(x_row + h * sxh, sxd, hm, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
+                                INTERLEAVED, HAS_TAIL)
+        ss = _sum_all(x1 * x1) + _sum_all(x2 * x2) + _sum_all(xt * xt)
+        rstd = tl.rsqrt(ss / (n_heads * D) + eps)
+        _norm_rotate_store(x1, x2, xt, rstd, w_ptr, o_row + h * soh, sw, sod, h, hm,
+                           c1, s1, c2, s2, D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, GEMMA,
+                           HAS_TAIL)
+    else:
+        ss = tl.zeros([1, 1], dtype=tl.float32)
+        for h0 in range(0, n_heads, BLOCK_H):
+            h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
+            hm = h < n_heads
+            x1, x2, xt = _load_rows(x_row + h * sxh, sxd, hm, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
+                                    INTERLEAVED, HAS_TAIL)
+            ss += _sum_all(x1 * x1) + _sum_all(x2 * x2) + _sum_all(xt * xt)
+        rstd = tl.rsqrt(ss / (n_heads * D) + eps)
+        for h0 in range(0, n_heads, BLOCK_H):
+            h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
+            hm = h < n_heads
+            x1, x2, xt = _load_rows(x_row + h * sxh, sxd, hm, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
+                                    INTERLEAVED, HAS_TAIL)
+            _norm_rotate_store(x1, x2, xt, rstd, w_ptr, o_row + h * soh, sw, sod, h, hm,
+                               c1, s1, c2, s2, D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED,
+                               GEMMA, HAS_TAIL)
 
 
 @triton.jit
@@ -364,8 +390,9 @@ def qk_token_norm_rope_fwd_kernel(
         D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
         TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
-        HAS_TAIL: tl.constexpr):
-    """Grid (tokens, 2): y = RoPE(rmsnorm over the token's heads(x) * w), q (y 0) and k (y 1)."""
+        HAS_TAIL: tl.constexpr, WHOLE_TOKEN: tl.constexpr):
+    """Grid (tokens, 2): y = RoPE(rmsnorm over the token's heads(x) * w), q (y 0) and k (y 1);
+    ``WHOLE_TOKEN``: every head of q in one block of BLOCK_HQ, and of k in one of BLOCK_HK."""
     tok = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
     b = tok // S
@@ -375,11 +402,13 @@ def qk_token_norm_rope_fwd_kernel(
     if which == 0:
         _forward_token(q_ptr, qo_ptr, qw_ptr, b, s, HQ, c1, s1, c2, s2, eps,
                        sqb, sqs, sqh, sqd, sqob, sqos, sqoh, sqod, sqw,
-                       D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, GEMMA, HAS_TAIL)
+                       D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, GEMMA, HAS_TAIL,
+                       WHOLE_TOKEN)
     else:
         _forward_token(k_ptr, ko_ptr, kw_ptr, b, s, HK, c1, s1, c2, s2, eps,
                        skb, sks, skh, skd, skob, skos, skoh, skod, skw,
-                       D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, GEMMA, HAS_TAIL)
+                       D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, GEMMA, HAS_TAIL,
+                       WHOLE_TOKEN)
 
 
 @triton.jit
