@@ -117,9 +117,14 @@ HEAD_FWD_WARPS = 1
 # The token-norm forward takes a token's heads whole, read once, where they fit
 # TOKEN_FWD_WHOLE_ELEMENTS (heads and head_dim padded to powers of two), on a warp per
 # TOKEN_FWD_ELEMENTS_PER_WARP; above that it reads them twice, in blocks of
-# TOKEN_FWD_BLOCK_ELEMENTS on TOKEN_FWD_WARPS (16 elements a thread; not swept).
+# TOKEN_FWD_BLOCK_ELEMENTS on TOKEN_FWD_WARPS (16 elements a thread; not swept). Swept on the
+# H100 at Qwen3-8B's 32/8 heads of 128, bf16, out of place (tools/qknorm_launch_sweep.py
+# --direction token-forward, results/README.md, "OLMo2's norm forward in one pass"): two passes
+# took 3.1, 37.8, 141.5 and 282.4 us at 64, 4096, 4 x 4096 and 32768 tokens; whole tokens at
+# 2048 elements a warp (2 warps, fewer warps a program and more programs an SM) 2.3, 35.7, 130.2
+# and 260.0, at 1024 2.3, 37.9, 142.8 and 285.9, at 512 2.5, 42.9, 163.8 and 330.5.
 TOKEN_FWD_WHOLE_ELEMENTS = 8192
-TOKEN_FWD_ELEMENTS_PER_WARP = 512
+TOKEN_FWD_ELEMENTS_PER_WARP = 2048
 TOKEN_FWD_BLOCK_ELEMENTS = 2048
 # The backward holds x, dy, the weight and the partial sums: a quarter of the forward's block
 # (at 1024 an fp32 head of 96 channels, padded to 128, spilled registers on sm_90). This is the
