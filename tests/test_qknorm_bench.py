@@ -119,18 +119,19 @@ def test_rows_and_their_refusals():
     assert {"compiled unfused", "hf eager", "rms_norm + fastrope"} <= set(rows)
 
 
-def test_token_norm_oracle_tiles_the_weight():
-    """The flashinfer row is checked against the norm over all heads with the per-head weight
-    tiled: with equal heads that is the per-head norm (the mean over heads equals each one's)."""
+def test_token_norm_oracle_over_all_heads():
+    """The token-norm rows are checked against the norm over all heads, with ``[heads * d]``
+    weights (the per-head weight tiled): with equal heads that is the per-head norm (the mean
+    over heads equals each one's)."""
     shape = bench.Shape("t", 1, 3, 2, 2, 8)
     gen = torch.Generator().manual_seed(0)
     head = torch.randn(1, 3, 1, 8, generator=gen, dtype=torch.float64)
     q = head.expand(1, 3, 2, 8).contiguous()
     w = torch.randn(8, generator=gen, dtype=torch.float64)
     cos, sin = rope_tables(3, 8, dtype=torch.float64)
-    args = (q, q.clone(), w, w, cos, sin)
-    per_head = bench.oracle(shape, args, "forward")
-    token = bench.oracle(shape, args, "forward", norm="token")
+    per_head = bench.oracle(shape, (q, q.clone(), w, w, cos, sin), "forward")
+    tiled = w.repeat(2)
+    token = bench.oracle(shape, (q, q.clone(), tiled, tiled, cos, sin), "forward", norm="token")
     torch.testing.assert_close(token[0], per_head[0], rtol=1e-12, atol=1e-12)
 
 

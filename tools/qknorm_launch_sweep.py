@@ -144,14 +144,13 @@ def sweep(shape, direction: str, settings: list[tuple[int, ...]]
     """(rows, copy us, compiled unfused us) of one shape in one direction."""
     backward = direction.endswith("backward")
     token = direction in _TOKEN_CONSTANTS
-    q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=backward)
+    norm = "token" if token else "head"  # token: [heads * d] weights, as the suite's row
+    q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=backward, norm=norm)
     eps = bench.EPS
-    # the token norm: the per-head weights tiled over the heads
-    norm_args = ((qw.repeat(shape.hq), kw.repeat(shape.hk), eps) if token else (qw, kw, eps))
-    norm_kwargs = dict(cos=cos, sin=sin, gemma=shape.gemma, norm="token" if token else "head")
+    norm_kwargs = dict(cos=cos, sin=sin, gemma=shape.gemma, norm=norm)
 
     def fwd():
-        return qknorm.qk_norm_rope(q, k, *norm_args, **norm_kwargs)
+        return qknorm.qk_norm_rope(q, k, qw, kw, eps, **norm_kwargs)
 
     torch._dynamo.reset()
     compiled = torch.compile(bench.unfused, fullgraph=True)
@@ -183,7 +182,7 @@ def sweep(shape, direction: str, settings: list[tuple[int, ...]]
             check_same_answer(_under(direction, s, fwd)(), ref, 0, f"{shape.name} {s}")
             calls[s, "out"] = _under(direction, s, fwd)
             calls[s, "in"] = _under(direction, s, lambda: qknorm.qk_norm_rope_inplace(
-                qi, ki, *norm_args, **norm_kwargs))
+                qi, ki, qw, kw, eps, **norm_kwargs))
         if not token:
             calls["compiled"] = fwd_compiled
         moved = (q.numel() + k.numel()) * q.element_size()

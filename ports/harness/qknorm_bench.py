@@ -19,12 +19,13 @@ another form gets it built outside the timed call, and the table's ``input`` col
   ``qkv [b*s, (hq + 2 hk) * d]`` (its API: v's heads ride along untouched) with its
   ``cat(cos, sin)`` cache and int64 positions; only the kernel is timed (positions trusted);
 * ``fastrope fused token-norm``: ``qk_norm_rope(..., norm="token")``, OLMo2's norm over all
-  heads of a token, with the per-head weight tiled over the heads (forward, backward): the
-  function FlashInfer's kernel computes, for comparison with its row;
+  heads of a token, with ``[heads * d]`` weights (the per-head weight's values tiled over the
+  heads, made with the inputs, outside the timed calls) (forward, backward): the function
+  FlashInfer's kernel computes, for comparison with its row;
 * ``flashinfer_port token-norm (fwd only)``: FlashInfer's ``fused_qk_rmsnorm_rope``
   (:mod:`ports.flashinfer_port.qknorm`), its only fused QK-norm + RoPE: a video-diffusion kernel
-  whose norm spans all heads of a token (OLMo2's form, not Qwen3's), so it gets the same weight
-  values tiled over the heads and is checked against the oracle of *that* norm; bf16 only;
+  whose norm spans all heads of a token (OLMo2's form, not Qwen3's), so it gets the same
+  ``[heads * d]`` weights and is checked against the oracle of *that* norm; bf16 only;
   packed qkv in, separate q, k and v out (it copies v: its bytes are (q + k + v) x 2, while
   ``% copy`` counts q and k only); 1-D RoPE as its 3-D form with ``pph = ppw = 1``, angles
   computed in the kernel (``__sincosf``); outputs preallocated, only the kernel timed;
@@ -174,9 +175,8 @@ def _rows(shape: Shape) -> list[Row]:
     def fused(q, k, qw, kw, cos, sin):
         return qk_norm_rope(q, k, qw, kw, EPS, cos=cos, sin=sin, gemma=gemma)
 
-    def fused_token(q, k, qw, kw, cos, sin):  # the per-head weights tiled over the heads
-        return qk_norm_rope(q, k, qw.repeat(q.shape[-2]), kw.repeat(k.shape[-2]), EPS, cos=cos,
-                            sin=sin, gemma=gemma, norm="token")
+    def fused_token(q, k, qw, kw, cos, sin):  # [heads * d] weights (inputs(norm="token"))
+        return qk_norm_rope(q, k, qw, kw, EPS, cos=cos, sin=sin, gemma=gemma, norm="token")
 
     def rms_norm_fastrope(q, k, qw, kw, cos, sin):
         d = q.shape[-1]
@@ -223,8 +223,7 @@ def _rows(shape: Shape) -> list[Row]:
 
         v = torch.randn_like(k)
         qkv = packed_qkv(q.detach(), k.detach(), v)
-        qw_, kw_ = (w.detach().to(q.dtype).repeat(h).contiguous()
-                    for w, h in ((qw, shape.hq), (kw, shape.hk)))
+        qw_, kw_ = (w.detach().to(q.dtype).contiguous() for w in (qw, kw))  # [heads * d]
         outs = [torch.empty(shape.b * s, h, shape.d, dtype=q.dtype, device=q.device)
                 for h in (shape.hq, shape.hk, shape.hk)]
         kwargs = dict(ppf=s, pph=1, ppw=1, num_frame_channels=shape.d, num_height_channels=0,
@@ -256,9 +255,11 @@ def _rows(shape: Shape) -> list[Row]:
             Row("hf eager + fastrope", Q_K, direct(hf_fastrope))]
 
 
-def inputs(shape: Shape, dtype: torch.dtype, grad: bool):
+def inputs(shape: Shape, dtype: torch.dtype, grad: bool, norm: str = "head"):
     """``(q, k, q_weight, k_weight, cos, sin)`` for ``shape`` on the GPU, seeded; full-width fp32
-    tables of ``shape.s`` rows; ``grad``: every tensor but the tables requires grad."""
+    tables of ``shape.s`` rows; ``grad``: every tensor but the tables requires grad.
+    ``norm="token"``: weights of ``heads * d`` (the per-head weights tiled over the heads, the
+    same values), so no row spends time tiling them."""
     from reference.tables import rope_tables
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -268,6 +269,8 @@ def inputs(shape: Shape, dtype: torch.dtype, grad: bool):
           + (0.0 if shape.gemma else 1.0)).to(dtype)
     kw = (torch.randn(shape.d, device="cuda", generator=g) * 0.1
           + (0.0 if shape.gemma else 1.0)).to(dtype)
+    if norm == "token":
+        qw, kw = qw.repeat(shape.hq), kw.repeat(shape.hk)
     cos, sin = rope_tables(shape.s, shape.d, device="cuda")
     if grad:
         for t in (q, k, qw, kw):
@@ -289,15 +292,13 @@ def ulps_off(actual: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> flo
 
 def oracle(shape: Shape, args, direction: str, grads=None, norm: str = "head"):
     """The float64 reference: (q, k) forward; (dq, dk) backward. ``norm="token"``: the norm over
-    all heads, with each per-head weight tiled over the heads."""
+    all heads (``[heads * d]`` weights)."""
     from reference.qk_norm import qk_norm_rope_oracle, qk_norm_rope_oracle_backward
 
     q, k, qw, kw, cos, sin = args
     pos = torch.arange(shape.s, device=q.device).expand(shape.b, shape.s)
     kw_ = dict(cos_table=cos.double(), sin_table=sin.double(), positions=pos, layout="bshd",
                style="rotate_half", gemma=shape.gemma)
-    if norm == "token" and qw.numel() == q.shape[-1]:  # a per-head weight, tiled
-        qw, kw = (w.detach().repeat(x.shape[-2]) for x, w in ((q, qw), (k, kw)))
     if direction == "forward":
         return tuple(qk_norm_rope_oracle(x.detach(), w.detach(), EPS, norm=norm, **kw_)
                      for x, w in ((q, qw), (k, kw)))
@@ -369,7 +370,7 @@ def _prepare(row, i: int, out: dict, shape: Shape, dtype: torch.dtype, direction
     (the forward alone, with grad) and ``step`` (forward then backward); none for a row that
     ``check`` finds wrong (``out`` gets its error and the reason)."""
     grad = direction == "backward"
-    args = inputs(shape, dtype, grad=grad)
+    args = inputs(shape, dtype, grad=grad, norm=row.norm)
     if not grad:
         with torch.no_grad():
             run = row.prepare(*args)
