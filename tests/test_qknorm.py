@@ -349,9 +349,15 @@ TOKEN_CASES = [
     Case(norm="token", dtype="fp16", layout="bhsd", rot=8, source="half", hq=5, hk=3),
     Case(norm="token", layout="thd", positions="ids", gemma=True, weight_dtype="fp32"),
     Case(norm="token", source="computed", positions="ids", hk=1, d=20, rot=12),
+    Case(norm="token", dtype="bf16", source="half", positions="ids", hq=5, hk=3),
 ]
 TOKEN_IDS = ["fp32", "bf16-interleaved-sbhd", "fp16-bhsd-partial-half-odd-heads",
-             "thd-gemma", "computed-mqa-d20"]
+             "thd-gemma", "computed-mqa-d20", "bf16-half-ids-odd-heads"]
+# The cases whose whole-token backward reads through TMA descriptors: rotate-half, no tail, a
+# half of at least 16 bytes, batch-major tokens (bshd, thd).
+TOKEN_TMA = {"fp32": True, "bf16-interleaved-sbhd": False,
+             "fp16-bhsd-partial-half-odd-heads": False, "thd-gemma": True,
+             "computed-mqa-d20": False, "bf16-half-ids-odd-heads": True}
 
 
 def _token_paths(monkeypatch, passes: str) -> list[bool]:
@@ -371,6 +377,21 @@ def _token_paths(monkeypatch, passes: str) -> list[bool]:
     return paths
 
 
+def _tma_reads(monkeypatch, tma: bool) -> list[bool]:
+    """TOKEN_BWD_TMA set to ``tma``; returns, per whole-token backward, whether it read through
+    TMA descriptors, recorded."""
+    monkeypatch.setattr(qknr, "TOKEN_BWD_TMA", tma)
+    reads, descriptors = [], qknr._token_descriptors
+
+    def recorded(*args):
+        descs = descriptors(*args)
+        reads.append(descs is not None)
+        return descs
+
+    monkeypatch.setattr(qknr, "_token_descriptors", recorded)
+    return reads
+
+
 @pytest.mark.parametrize("passes", ["whole tokens", "blocks of heads"])
 @pytest.mark.parametrize("case", TOKEN_CASES, ids=TOKEN_IDS)
 def test_token_norm_forward(monkeypatch, case, passes):
@@ -383,31 +404,43 @@ def test_token_norm_forward(monkeypatch, case, passes):
     assert len(paths) == 2 and set(paths) == {passes == "whole tokens"}
 
 
-@pytest.mark.parametrize("passes", ["whole tokens", "blocks of heads"])
+BACKWARD_PASSES = ["whole tokens, TMA", "whole tokens", "blocks of heads"]
+
+
+@pytest.mark.parametrize("passes", BACKWARD_PASSES)
 @pytest.mark.parametrize("case", TOKEN_CASES, ids=TOKEN_IDS)
 def test_token_norm_backward(monkeypatch, case, passes):
-    """Both backwards: a token's heads whole, in one pass (these heads fit), and in blocks of
-    heads, in two passes (where a token's heads are too many for one block)."""
+    """Every backward: a token's heads whole, in one pass (these heads fit), read through TMA
+    descriptors where the case allows it and else plain loads, or plain loads only; and in blocks
+    of heads, in two passes (where a token's heads are too many for one block)."""
     paths = _token_paths(monkeypatch, passes)
+    reads = _tma_reads(monkeypatch, passes == "whole tokens, TMA")
     check_backward(case)
-    assert paths and set(paths) == {passes == "whole tokens"}
+    assert paths and set(paths) == {passes != "blocks of heads"}
+    if passes == "whole tokens, TMA":
+        assert reads and set(reads) == {TOKEN_TMA[TOKEN_IDS[TOKEN_CASES.index(case)]]}
+    else:
+        assert not reads
 
 
-@pytest.mark.parametrize("passes", ["whole tokens", "blocks of heads"])
+@pytest.mark.parametrize("passes", BACKWARD_PASSES)
 def test_token_norm_backward_several_tokens_per_program(monkeypatch, passes):
     """Groups of 8 tokens (the last partly past the end), the heads whole (3 q heads in a block
-    of 4) or in blocks of 2 (a partial block): correct, and the weight gradients bitwise equal
-    from run to run."""
+    of 4; through TMA, the fourth head past the tensor) or in blocks of 2 (a partial block):
+    correct, and the weight gradients bitwise equal from run to run."""
     monkeypatch.setattr(qknr, "LONG_RUN_MIN_TOKENS", 1)
     monkeypatch.setattr(qknr, "LONG_RUN_TOKENS", 8)
+    monkeypatch.setattr(qknr, "TOKEN_BWD_TMA_TOKENS", 8)
     monkeypatch.setattr(qknr, "TOKEN_BWD_BLOCK_ELEMENTS", 16)
     paths = _token_paths(monkeypatch, passes)
+    reads = _tma_reads(monkeypatch, passes == "whole tokens, TMA")
     c = Case(b=3, s=7, hq=3, hk=2, d=8, asymmetric=True, norm="token")
     first = check_backward(c)
     second = check_backward(c)
     for name in ("dq", "dk", "dqw", "dkw"):
         assert torch.equal(first[name], second[name]), name
-    assert paths and set(paths) == {passes == "whole tokens"}
+    assert paths and set(paths) == {passes != "blocks of heads"}
+    assert set(reads) == ({True} if passes == "whole tokens, TMA" else set())
 
 
 def test_token_norm_differs_from_head_norm():
@@ -610,8 +643,18 @@ def signature(fn, dtype, consts):
     types = {"qw_ptr": "*fp32", "kw_ptr": "*fp32", "qpart_ptr": "*fp32", "kpart_ptr": "*fp32",
              "cos_ptr": "*fp32", "sin_ptr": "*fp32", "inv_ptr": "*fp64", "pos_ptr": "*i64",
              "eps": "fp32"}
+    for x, heads in (("q", consts["BLOCK_HQ"]), ("k", consts["BLOCK_HK"])):
+        for name in (x + "_desc", "g" + x + "_desc"):  # the TMA descriptors' blocks
+            types[name] = f"tensordesc<{dtype}[1, 1, {heads}, {consts['D'] // 2}]>"
     return {n: "constexpr" if n in consts else "*" + dtype if n in POINTERS
             else types.get(n, "i32") for n in fn.arg_names}
+
+NO_DESCS = dict.fromkeys(("q_desc", "k_desc", "gq_desc", "gk_desc"))
+# The TMA path reads rows whose channels are contiguous: its channel strides, and the weights' and
+# tables' column strides of contiguous inputs, are 1, which a launch compiles as constants (Triton
+# specializes an int argument equal to 1); its register budget is measured that way.
+UNIT_STRIDES = dict.fromkeys(("sqd", "skd", "sgqd", "sgkd", "sdqd", "sdkd", "sqw", "skw", "tsc"),
+                             1)
 
 for fn, extra, elements, warps in (
         (K.qk_norm_rope_fwd_kernel, {}, Q.HEAD_FWD_BLOCK_ELEMENTS, Q.HEAD_FWD_WARPS),
@@ -621,15 +664,23 @@ for fn, extra, elements, warps in (
         (K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": True}, Q.TOKEN_FWD_WHOLE_ELEMENTS,
          max(1, 32 * 128 // Q.TOKEN_FWD_ELEMENTS_PER_WARP)),
         (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS,
-                                           "WHOLE_TOKEN": False, "STAGES": Q.TOKEN_BWD_STAGES},
+                                           "WHOLE_TOKEN": False, "TMA": False, **NO_DESCS,
+                                           "STAGES": Q.TOKEN_BWD_STAGES},
          Q.TOKEN_BWD_BLOCK_ELEMENTS, Q.BACKWARD_WARPS),
         (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS,
-                                           "WHOLE_TOKEN": True, "STAGES": Q.TOKEN_BWD_STAGES},
+                                           "WHOLE_TOKEN": True, "TMA": False, **NO_DESCS,
+                                           "STAGES": Q.TOKEN_BWD_STAGES},
          Q.TOKEN_BWD_WHOLE_ELEMENTS,
-         max(Q.BACKWARD_WARPS, 32 * 128 // Q.TOKEN_BWD_ELEMENTS_PER_WARP))):
+         max(Q.BACKWARD_WARPS, 32 * 128 // Q.TOKEN_BWD_ELEMENTS_PER_WARP)),
+        (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.TOKEN_BWD_TMA_TOKENS,
+                                           "WHOLE_TOKEN": True, "TMA": True, **UNIT_STRIDES,
+                                           "STAGES": Q.TOKEN_BWD_TMA_STAGES},
+         Q.TOKEN_BWD_WHOLE_ELEMENTS,
+         max(Q.BACKWARD_WARPS, 32 * 128 // Q.TOKEN_BWD_TMA_ELEMENTS_PER_WARP))):
+    tma = extra.get("TMA", False)
     for dtype, table, interleaved, tail in (("bf16", K.TABLE_HALF, False, False),
-                                            ("fp16", K.TABLE_COMPUTED, True, True),
-                                            ("fp32", K.TABLE_FULL, False, True)):
+                                            ("fp16", K.TABLE_COMPUTED, tma is False, tma is False),
+                                            ("fp32", K.TABLE_FULL, False, tma is False)):
         block = elements or Q.HEAD_BWD_BLOCK_ELEMENTS[4 if dtype == "fp32" else 2, tail]
         consts = dict(D=96 if tail else 128, HALF=24 if tail else 64,
                       PAIR_BLOCK=32 if tail else 64, TAIL_BLOCK=64 if tail else 1,
@@ -664,7 +715,8 @@ for dtype in ("bf16", "fp16", "fp32"):
 
 def test_kernels_compile_for_sm90_without_spills():
     """The four kernels (per-head and per-token norm, forward and backward; the token norm's
-    forward and backward each whole and in blocks of heads), three variants each
+    forward and backward each whole and in blocks of heads, the backward's whole tokens also
+    through TMA descriptors), three variants each
     (dtypes, table forms, styles, tails, positions), and the weight gradients' reduction, compiled
     to sm_90 PTX by Triton (and through ptxas, with no register spill, when it is on PATH): a
     typing error the interpreter lets through fails here."""
@@ -678,4 +730,4 @@ def test_kernels_compile_for_sm90_without_spills():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SM90], capture_output=True, text=True,
                        cwd=root, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("compiled") == 21
+    assert r.stdout.count("compiled") == 24

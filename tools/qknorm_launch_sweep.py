@@ -20,10 +20,14 @@ row): ``TOKEN_BWD_WHOLE_ELEMENTS`` (0: every token in two passes over blocks of 
 ``TOKEN_BWD_ELEMENTS_PER_WARP``, the tokens a program (``LONG_RUN_TOKENS``) and
 ``TOKEN_BWD_STAGES``; ``--direction token-forward`` its forward, out of place and in place:
 ``TOKEN_FWD_WHOLE_ELEMENTS`` (0: two passes over blocks of heads) and
-``TOKEN_FWD_ELEMENTS_PER_WARP``. The token directions have no torch.compile row. A results data
-file with ``--json``:
+``TOKEN_FWD_ELEMENTS_PER_WARP``; ``--direction token-backward-tma`` the backward's whole tokens
+read through TMA descriptors: ``TOKEN_BWD_TMA`` (0: plain loads, the token-backward settings),
+``TOKEN_BWD_TMA_ELEMENTS_PER_WARP``, ``TOKEN_BWD_TMA_TOKENS`` (the most tokens a program) and
+``TOKEN_BWD_TMA_STAGES``. The token directions have no torch.compile row. A results data file
+with ``--json``:
 
-    python -m tools.qknorm_launch_sweep [--direction forward|backward|token-forward|token-backward]
+    python -m tools.qknorm_launch_sweep [--direction forward|backward|token-forward|token-backward
+                                          |token-backward-tma]
         [--shapes NAME ...] [--json FILE] [--commit SHA]
 """
 from __future__ import annotations
@@ -76,10 +80,19 @@ def token_forward_settings() -> list[tuple[int, int]]:
     return [(0, 512)] + [(8192, e) for e in (256, 512, 1024, 2048)]
 
 
+def token_backward_tma_settings() -> list[tuple[int, int, int, int]]:
+    """(TMA, elements a warp, most tokens a program, stages): plain loads (0), and TMA on 4 or
+    8 warps (32 heads of 128), 16 or 32 tokens a program, 2 or 3 stages."""
+    return [(0, 1024, 32, 3)] + [(1, e, t, s) for e, t, s in itertools.product(
+        (512, 1024), (16, 32), (2, 3))]
+
+
 _TOKEN_CONSTANTS = {
     "token-forward": ("TOKEN_FWD_WHOLE_ELEMENTS", "TOKEN_FWD_ELEMENTS_PER_WARP"),
     "token-backward": ("TOKEN_BWD_WHOLE_ELEMENTS", "TOKEN_BWD_ELEMENTS_PER_WARP",
-                       "LONG_RUN_TOKENS", "TOKEN_BWD_STAGES")}
+                       "LONG_RUN_TOKENS", "TOKEN_BWD_STAGES"),
+    "token-backward-tma": ("TOKEN_BWD_TMA", "TOKEN_BWD_TMA_ELEMENTS_PER_WARP",
+                           "TOKEN_BWD_TMA_TOKENS", "TOKEN_BWD_TMA_STAGES")}
 
 
 @contextlib.contextmanager
@@ -142,7 +155,7 @@ def _under(direction, setting, fn):
 def sweep(shape, direction: str, settings: list[tuple[int, ...]]
           ) -> tuple[list[list[str]], float, float]:
     """(rows, copy us, compiled unfused us) of one shape in one direction."""
-    backward = direction.endswith("backward")
+    backward = "backward" in direction
     token = direction in _TOKEN_CONSTANTS
     norm = "token" if token else "head"  # token: [heads * d] weights, as the suite's row
     q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=backward, norm=norm)
@@ -210,7 +223,9 @@ COLUMNS = {"forward": ["shape", "block elements", "warps", "out of place (us)", 
            "token-forward": ["shape", "whole-token elements", "elements a warp",
                              "out of place (us)", "% copy", "in place (us)", "% copy"],
            "token-backward": ["shape", "whole-token elements", "elements a warp",
-                              "tokens a program", "stages", "backward (us)", "% copy"]}
+                              "tokens a program", "stages", "backward (us)", "% copy"],
+           "token-backward-tma": ["shape", "TMA", "elements a warp", "most tokens a program",
+                                  "stages", "backward (us)", "% copy"]}
 
 
 def main(argv=None) -> int:
@@ -233,7 +248,8 @@ def main(argv=None) -> int:
     default = default_setting(args.direction)
     settings = {"forward": forward_settings, "backward": backward_settings,
                 "token-forward": token_forward_settings,
-                "token-backward": token_backward_settings}[args.direction]()
+                "token-backward": token_backward_settings,
+                "token-backward-tma": token_backward_tma_settings}[args.direction]()
     if args.settings:
         try:
             settings = [tuple(int(v) for v in t.split(",")) for t in args.settings]

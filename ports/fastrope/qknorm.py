@@ -63,8 +63,10 @@ registers; above that it reads them in blocks of heads twice, once for the token
 write. The grid is tokens x 2 (q, k), so a decode step of a few tokens has only a few programs.
 The backward takes a token's heads whole where they fit one block
 (``TOKEN_BWD_WHOLE_ELEMENTS``): one pass, each row read once, 2.8x faster than two passes at
-Qwen3-8B's 4k tokens and 1.4x at 4 x 4k (H100). Above that it keeps each token's ``rstd`` and ``mean(dx_hat * x_hat)`` in registers between two
-passes over blocks of heads. Its weight gradient's partial rows are
+Qwen3-8B's 4k tokens and 1.4x at 4 x 4k (H100); where the rows allow it (``TOKEN_BWD_TMA``) it
+reads them through TMA descriptors, later tokens' rows waiting in shared memory. Above that it
+keeps each token's ``rstd`` and ``mean(dx_hat * x_hat)`` in registers between two passes over
+blocks of heads. Its weight gradient's partial rows are
 ``[programs, heads * head_dim]``: ``8 / (3 * tokens_per_program * itemsize)`` extra bytes, about
 8% at 16 tokens a program in bf16.
 
@@ -91,6 +93,7 @@ from dataclasses import dataclass
 import torch
 import triton
 from torch import Tensor
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ports import _alloc, _triton
 from ports.fastrope import qknorm_kernels as K
@@ -145,6 +148,21 @@ TOKEN_BWD_BLOCK_ELEMENTS = 512
 TOKEN_BWD_WHOLE_ELEMENTS = 8192
 TOKEN_BWD_ELEMENTS_PER_WARP = 512
 TOKEN_BWD_STAGES = 1  # the whole-token loop's software-pipelining stages
+# Whole tokens read through TMA descriptors where the rows allow it (rotate-half, no tail, a
+# power-of-two half of at least 16 bytes, 16-byte aligned rows, tokens ordered batch-major:
+# bshd or thd; Hopper or later, or the interpreter): in TOKEN_BWD_TMA_STAGES pipelining stages
+# later tokens' rows wait in shared memory instead of registers, so more of the stream is in
+# flight. Tokens a program: as many as spread them over the SMs, a power of two, at most
+# TOKEN_BWD_TMA_TOKENS; a warp per TOKEN_BWD_TMA_ELEMENTS_PER_WARP (8 warps for 32 heads of 128:
+# at 4 warps the fp32 and computed-angle kernels spill registers on sm_90). A throwaway probe on
+# the H100 (Qwen3-8B's 32/8 heads, bf16, half tables, the backward alone at 4k, 4 x 4k and 32k
+# tokens; results/README.md, "OLMo2's norm backward through TMA"): plain loads 76.3, 285.4 and
+# 560.5 us; TMA on 8 warps, 3 stages, 32 tokens 60.2, 240.3 and 476.7; on 4 warps 56.0, 205.3
+# and 400.4.
+TOKEN_BWD_TMA = True
+TOKEN_BWD_TMA_TOKENS = 32
+TOKEN_BWD_TMA_STAGES = 3
+TOKEN_BWD_TMA_ELEMENTS_PER_WARP = 512
 # The per-head backward's block by (element size, whether the head has an unrotated tail).
 # 16-bit: 2048 (16 heads of 128), the fastest of the sweep (tools/qknorm_launch_sweep.py); on the
 # H100 at Qwen3-8B's 32/8 heads, bf16, 16 tokens a program and 4 warps, the kernel alone took
@@ -378,6 +396,35 @@ def _token_blocks(g: Geometry, block_elements: int, block_warps: int, whole_elem
             _block_heads(g.k_heads, g.head_dim, block_elements), False, block_warps)
 
 
+def _token_descriptors(g: Geometry, layout: str, tensors, blocks) -> tuple | None:
+    """TMA descriptors over each tensor as ``[batch, seq, heads, head_dim]``, blocks of
+    ``[1, 1, heads a block, head_dim / 2]`` (the whole-token backward's rows, split into pair
+    members), or None where TMA cannot read them: interleaved pairs or an unrotated tail, a half
+    that is not a power of two of at least 16 bytes, rows or strides not 16-byte aligned, tokens
+    not batch-major (sbhd, bhsd), a GPU older than Hopper."""
+    half = g.head_dim // 2
+    x = tensors[0]
+    item = x.element_size()
+    if g.tokens == 0 or min(t.shape[-2] for t in tensors) == 0:
+        return None
+    if (g.interleaved or g.rotary_dim != g.head_dim or half & (half - 1) or half * item < 16
+            or max(blocks) > 256 or layout not in ("bshd", "thd")):
+        return None
+    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
+        return None
+    descs = []
+    for t, block in zip(tensors, blocks):
+        sb, ss, sh, sd = _strides(t, layout)
+        heads = t.shape[-2]
+        sb = sb if g.batch > 1 else g.seqlen * ss  # thd, or one sequence: any aligned stride
+        if (sd != 1 or t.data_ptr() % 16 or any(v * item % 16 or v <= 0 for v in (sb, ss, sh))
+                or sh < g.head_dim or ss < heads * sh or sb < g.seqlen * ss):
+            return None
+        descs.append(TensorDescriptor(t, [g.batch, g.seqlen, heads, g.head_dim],
+                                      [sb, ss, sh, 1], [1, 1, block, half]))
+    return tuple(descs)
+
+
 def _common(g: Geometry, q: Tensor, cos, sin, positions, base) -> tuple[list, dict]:
     """The launch arguments both kernels share: (pointer args, scalar/constexpr kwargs)."""
     half = g.rotary_dim // 2
@@ -490,9 +537,19 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
         bq, bk, whole_token, warps = _token_blocks(
             g, TOKEN_BWD_BLOCK_ELEMENTS, BACKWARD_WARPS, TOKEN_BWD_WHOLE_ELEMENTS,
             TOKEN_BWD_ELEMENTS_PER_WARP, BACKWARD_WARPS)
+        descs, stages = None, TOKEN_BWD_STAGES
+        if whole_token and TOKEN_BWD_TMA:
+            descs = _token_descriptors(g, layout, (q, k, dq_out, dk_out), (bq, bk, bq, bk))
+        if descs is not None:
+            sms = sm_count(_cuda_index(q.device)) if q.device.type == "cuda" else 1
+            tpp = min(TOKEN_BWD_TMA_TOKENS, triton.next_power_of_2(triton.cdiv(g.tokens, sms)))
+            stages = TOKEN_BWD_TMA_STAGES
+            p2 = triton.next_power_of_2
+            warps = max(BACKWARD_WARPS, bq * p2(g.head_dim) // TOKEN_BWD_TMA_ELEMENTS_PER_WARP)
         return _backward_token_norm(g, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
                                     cos, sin, positions, base, gemma, layout, bq, bk, tpp,
-                                    triton.cdiv(g.tokens, tpp), whole_token, warps)
+                                    triton.cdiv(g.tokens, tpp), whole_token, warps, descs,
+                                    stages)
     elements = HEAD_BWD_BLOCK_ELEMENTS[q.element_size(), g.rotary_dim < g.head_dim]
     bq = _block_heads(g.q_heads, g.head_dim, elements)
     bk = _block_heads(g.k_heads, g.head_dim, elements)
@@ -536,23 +593,26 @@ def weight_grads(qpart: Tensor, kpart: Tensor, q_weight: Tensor,
 
 def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
                          cos, sin, positions, base, gemma, layout, bq, bk, tpp, groups,
-                         whole_token, warps):
+                         whole_token, warps, descs, stages):
     """norm="token": one launch over (token groups, q and k), then the fixed-order sums of the
     ``[groups, heads * head_dim]`` partial rows. ``whole_token``: every head of q in one block
-    of ``bq`` and of k in one of ``bk`` (one pass a token)."""
+    of ``bq`` and of k in one of ``bk`` (one pass a token); ``descs``: q's, k's, dq_out's and
+    dk_out's TMA descriptors, or None (plain loads)."""
     qpart = _alloc.empty((groups, g.q_heads * g.head_dim), dtype=torch.float32, device=q.device)
     kpart = _alloc.empty((groups, g.k_heads * g.head_dim), dtype=torch.float32, device=q.device)
     if g.tokens and g.q_heads + g.k_heads:
         ptrs, kw = _common(g, q, cos, sin, positions, base)
         with _triton.device_guard(q.device):
             K.qk_token_norm_rope_bwd_kernel[(groups, 2)](
-                q, k, dq_out, dk_out, dq, dk, q_weight, k_weight, qpart, kpart, *ptrs,
+                q, k, dq_out, dk_out, *(descs or (None,) * 4), dq, dk, q_weight, k_weight, qpart,
+                kpart, *ptrs,
                 g.tokens, g.seqlen, g.q_heads, g.k_heads, max(g.table_rows, 1), float(eps),
                 *_strides(q, layout), *_strides(k, layout),
                 *_strides(dq_out, layout), *_strides(dk_out, layout), *_strides(dq, layout),
                 *_strides(dk, layout), q_weight.stride(0), k_weight.stride(0),
                 BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, TOKENS_PER_PROGRAM=tpp,
-                WHOLE_TOKEN=whole_token, STAGES=TOKEN_BWD_STAGES, num_warps=warps, **kw)
+                WHOLE_TOKEN=whole_token, TMA=descs is not None, STAGES=stages, num_warps=warps,
+                **kw)
     return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight)
 
 

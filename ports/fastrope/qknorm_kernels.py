@@ -122,6 +122,20 @@ def _load_rows(row_ptr, sd, hm, D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK:
 
 
 @triton.jit
+def _load_rows_tma(desc, b, s, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
+                   TAIL_BLOCK: tl.constexpr):
+    """A token's rows [BLOCK_H, HALF] as fp32 (first members, partners; rotate-half, no tail)
+    through a TMA descriptor over ``[batch, seq, heads, D]`` with block ``[1, 1, BLOCK_H, HALF]``:
+    heads and tokens past the tensor read as 0. In a pipelined loop the loads land in shared
+    memory, several tokens ahead, without holding registers."""
+    bi = b.to(tl.int32)
+    si = s.to(tl.int32)
+    x1 = desc.load([bi, si, 0, 0]).reshape(BLOCK_H, HALF).to(tl.float32)
+    x2 = desc.load([bi, si, 0, HALF]).reshape(BLOCK_H, HALF).to(tl.float32)
+    return x1, x2, tl.zeros([1, TAIL_BLOCK], dtype=tl.float32)
+
+
+@triton.jit
 def _store_rows(row_ptr, sd, hm, y1, y2, yt, D: tl.constexpr, HALF: tl.constexpr,
                 PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr,
                 HAS_TAIL: tl.constexpr):
@@ -412,14 +426,14 @@ def qk_token_norm_rope_fwd_kernel(
 
 
 @triton.jit
-def _backward_token(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, grp, tok0, T, S, n_heads, eps,
-                    pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
+def _backward_token(x_ptr, g_ptr, x_desc, g_desc, dx_ptr, w_ptr, part_ptr, grp, tok0, T, S,
+                    n_heads, eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
                     sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds, sdh, sdd, sw,
                     D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
                     TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
                     TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
                     HAS_TAIL: tl.constexpr, TOKENS_PER_PROGRAM: tl.constexpr,
-                    WHOLE_TOKEN: tl.constexpr, STAGES: tl.constexpr):
+                    WHOLE_TOKEN: tl.constexpr, TMA: tl.constexpr, STAGES: tl.constexpr):
     """dx of every head of tokens tok0 .. tok0 + TOKENS_PER_PROGRAM - 1, and their weight-gradient
     partial sums as row ``grp`` of the [programs, heads * D] buffer: ``WHOLE_TOKEN`` (every head in
     one block), one pass a token (:func:`_backward_whole_tokens`); else two passes over blocks of
@@ -431,11 +445,12 @@ def _backward_token(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, grp, tok0, T, S, n_he
     summed in registers. Pass 2 reads the program's tokens again: from DRAM once the resident
     programs' TOKENS_PER_PROGRAM tokens outgrow the L2."""
     if WHOLE_TOKEN:
-        _backward_whole_tokens(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, grp, tok0, T, S, n_heads,
-                               eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
-                               sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds, sdh, sdd, sw,
-                               D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_H, INTERLEAVED, TABLE,
-                               HAS_POS, GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, STAGES)
+        _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_ptr, w_ptr, part_ptr, grp, tok0,
+                               T, S, n_heads, eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
+                               rows, tsr, tsc, sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds,
+                               sdh, sdd, sw, D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_H,
+                               INTERLEAVED, TABLE, HAS_POS, GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM,
+                               TMA, STAGES)
     else:
         n = n_heads * D
         slots = tl.arange(0, TOKENS_PER_PROGRAM)
@@ -513,18 +528,21 @@ def _backward_token(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, grp, tok0, T, S, n_he
 
 
 @triton.jit
-def _backward_whole_tokens(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, grp, tok0, T, S, n_heads, eps,
-                           pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
-                           sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds, sdh, sdd, sw,
-                           D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
+def _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_ptr, w_ptr, part_ptr, grp, tok0, T,
+                           S, n_heads, eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows,
+                           tsr, tsc, sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds, sdh, sdd,
+                           sw, D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
                            TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
                            INTERLEAVED: tl.constexpr, TABLE: tl.constexpr, HAS_POS: tl.constexpr,
                            GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr,
-                           TOKENS_PER_PROGRAM: tl.constexpr, STAGES: tl.constexpr):
+                           TOKENS_PER_PROGRAM: tl.constexpr, TMA: tl.constexpr,
+                           STAGES: tl.constexpr):
     """:func:`_backward_token` with every head of a token in one block (n_heads <= BLOCK_H):
     per token, its rows of x and dy are read once, the sums, dx and the dweight terms all come
-    from the registers. STAGES > 1 asks Triton's pipeliner to issue a later token's loads while
-    a token is computed. Its per-token lines repeat pass 2 of :func:`_backward_token`: sharing
+    from the registers. ``TMA``: the rows come through the descriptors ``x_desc`` and ``g_desc``
+    (:func:`_load_rows_tma`; rotate-half, no tail), and STAGES > 1 then keeps later tokens' rows
+    in flight in shared memory while a token is computed; with plain loads Triton's pipeliner
+    stages none of them. Its per-token lines repeat pass 2 of :func:`_backward_token`: sharing
     them through helper functions reordered the instructions, and ptxas then spilled registers in
     the two-pass kernel (bf16, sm_90)."""
     n = n_heads * D
@@ -543,10 +561,14 @@ def _backward_whole_tokens(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, grp, tok0, T, 
         hm = hh & valid
         c1, s1, c2, s2 = _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
                                  rows, tsr, tsc, HALF, PAIR_BLOCK, INTERLEAVED, TABLE, HAS_POS)
-        x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
-                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
-        g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
-                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+        if TMA:
+            x1, x2, xt = _load_rows_tma(x_desc, b, s, BLOCK_H, HALF, TAIL_BLOCK)
+            g1, g2, gt = _load_rows_tma(g_desc, b, s, BLOCK_H, HALF, TAIL_BLOCK)
+        else:
+            x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
+                                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+            g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
+                                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
         w1, w2, wt = _head_weights(w_ptr, sw, h, hh, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
                                    INTERLEAVED, GEMMA, HAS_TAIL)
         dz1 = g1 * c1 + g2 * s2
@@ -575,8 +597,8 @@ def _backward_whole_tokens(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, grp, tok0, T, 
 
 @triton.jit
 def qk_token_norm_rope_bwd_kernel(
-        q_ptr, k_ptr, gq_ptr, gk_ptr, dq_ptr, dk_ptr, qw_ptr, kw_ptr, qpart_ptr, kpart_ptr,
-        cos_ptr, sin_ptr, inv_ptr, pos_ptr,
+        q_ptr, k_ptr, gq_ptr, gk_ptr, q_desc, k_desc, gq_desc, gk_desc, dq_ptr, dk_ptr, qw_ptr,
+        kw_ptr, qpart_ptr, kpart_ptr, cos_ptr, sin_ptr, inv_ptr, pos_ptr,
         T, S, HQ, HK, rows, eps,
         sqb, sqs, sqh, sqd, skb, sks, skh, skd,
         sgqb, sgqs, sgqh, sgqd, sgkb, sgks, sgkh, sgkd,
@@ -585,25 +607,29 @@ def qk_token_norm_rope_bwd_kernel(
         D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
         TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr,
-        TOKENS_PER_PROGRAM: tl.constexpr, WHOLE_TOKEN: tl.constexpr, STAGES: tl.constexpr):
+        TOKENS_PER_PROGRAM: tl.constexpr, WHOLE_TOKEN: tl.constexpr, TMA: tl.constexpr,
+        STAGES: tl.constexpr):
     """Grid (token groups, 2): dq (y 0) or dk (y 1) and the weight-gradient partial row
     ``group`` of ``[groups, heads * D]``; ``WHOLE_TOKEN``: every head of q in one block of
-    BLOCK_HQ, and of k in one of BLOCK_HK."""
+    BLOCK_HQ, and of k in one of BLOCK_HK; ``TMA`` (whole tokens only): q, k, dq_out and dk_out
+    read through the four descriptors (None otherwise)."""
     grp = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
     tok0 = grp * TOKENS_PER_PROGRAM
     if which == 0:
-        _backward_token(q_ptr, gq_ptr, dq_ptr, qw_ptr, qpart_ptr, grp, tok0, T, S, HQ, eps,
-                        pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
+        _backward_token(q_ptr, gq_ptr, q_desc, gq_desc, dq_ptr, qw_ptr, qpart_ptr, grp, tok0, T,
+                        S, HQ, eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr,
+                        tsc,
                         sqb, sqs, sqh, sqd, sgqb, sgqs, sgqh, sgqd, sdqb, sdqs, sdqh, sdqd, sqw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, TABLE, HAS_POS,
-                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, WHOLE_TOKEN, STAGES)
+                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, WHOLE_TOKEN, TMA, STAGES)
     else:
-        _backward_token(k_ptr, gk_ptr, dk_ptr, kw_ptr, kpart_ptr, grp, tok0, T, S, HK, eps,
-                        pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
+        _backward_token(k_ptr, gk_ptr, k_desc, gk_desc, dk_ptr, kw_ptr, kpart_ptr, grp, tok0, T,
+                        S, HK, eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr,
+                        tsc,
                         skb, sks, skh, skd, sgkb, sgks, sgkh, sgkd, sdkb, sdks, sdkh, sdkd, skw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, TABLE, HAS_POS,
-                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, WHOLE_TOKEN, STAGES)
+                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, WHOLE_TOKEN, TMA, STAGES)
 
 
 # ---- the weight gradients: the partial rows' column sums ----------------------------------------
