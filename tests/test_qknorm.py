@@ -395,13 +395,15 @@ def _tma_reads(monkeypatch, tma: bool) -> list[bool]:
 @pytest.mark.parametrize("passes", ["whole tokens", "blocks of heads"])
 @pytest.mark.parametrize("case", TOKEN_CASES, ids=TOKEN_IDS)
 def test_token_norm_forward(monkeypatch, case, passes):
-    """Both forwards: a token's heads whole, read once (these heads fit), and in blocks of one or
-    two heads (the last block partial where the heads are odd), read twice."""
+    """Both forwards: a token's heads whole, read once (these heads fit; angles from tables), and
+    in blocks of one or two heads (the last block partial where the heads are odd), read twice
+    (and angles computed in the kernel)."""
     paths = _token_paths(monkeypatch, passes)
     monkeypatch.setattr(qknr, "TOKEN_FWD_BLOCK_ELEMENTS", 16)
     check_forward(case)
     check_forward(case, in_place=True)
-    assert len(paths) == 2 and set(paths) == {passes == "whole tokens"}
+    whole = passes == "whole tokens" and case.source != "computed"
+    assert len(paths) == 2 and set(paths) == {whole}
 
 
 BACKWARD_PASSES = ["whole tokens, TMA", "whole tokens", "blocks of heads"]
@@ -416,7 +418,7 @@ def test_token_norm_backward(monkeypatch, case, passes):
     paths = _token_paths(monkeypatch, passes)
     reads = _tma_reads(monkeypatch, passes == "whole tokens, TMA")
     check_backward(case)
-    assert paths and set(paths) == {passes != "blocks of heads"}
+    assert paths and paths[-1] == (passes != "blocks of heads")  # the backward launches last
     if passes == "whole tokens, TMA":
         assert reads and set(reads) == {TOKEN_TMA[TOKEN_IDS[TOKEN_CASES.index(case)]]}
     else:
@@ -661,7 +663,8 @@ for fn, extra, elements, warps in (
         (K.qk_norm_rope_bwd_kernel, {"STAGES": Q.BACKWARD_STAGES}, None, Q.BACKWARD_WARPS),
         (K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": False}, Q.TOKEN_FWD_BLOCK_ELEMENTS,
          Q.TOKEN_FWD_WARPS),
-        (K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": True}, Q.TOKEN_FWD_WHOLE_ELEMENTS,
+        (K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": True, "TABLES_ONLY": True},
+         Q.TOKEN_FWD_WHOLE_ELEMENTS,
          max(1, 32 * 128 // Q.TOKEN_FWD_ELEMENTS_PER_WARP)),
         (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS,
                                            "WHOLE_TOKEN": False, "TMA": False, **NO_DESCS,
@@ -674,12 +677,15 @@ for fn, extra, elements, warps in (
          max(Q.BACKWARD_WARPS, 32 * 128 // Q.TOKEN_BWD_ELEMENTS_PER_WARP)),
         (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.TOKEN_BWD_TMA_TOKENS,
                                            "WHOLE_TOKEN": True, "TMA": True, **UNIT_STRIDES,
-                                           "STAGES": Q.TOKEN_BWD_TMA_STAGES},
+                                           "STAGES": Q.TOKEN_BWD_TMA_STAGES,
+                                           "TABLES_ONLY": True},
          Q.TOKEN_BWD_WHOLE_ELEMENTS,
          max(Q.BACKWARD_WARPS, 32 * 128 // Q.TOKEN_BWD_TMA_ELEMENTS_PER_WARP))):
     tma = extra.get("TMA", False)
+    # the one-pass forward and the TMA backward never compute angles (the launcher's rule)
+    computed = K.TABLE_FULL if extra.pop("TABLES_ONLY", False) else K.TABLE_COMPUTED
     for dtype, table, interleaved, tail in (("bf16", K.TABLE_HALF, False, False),
-                                            ("fp16", K.TABLE_COMPUTED, tma is False, tma is False),
+                                            ("fp16", computed, tma is False, tma is False),
                                             ("fp32", K.TABLE_FULL, False, tma is False)):
         block = elements or Q.HEAD_BWD_BLOCK_ELEMENTS[4 if dtype == "fp32" else 2, tail]
         consts = dict(D=96 if tail else 128, HALF=24 if tail else 64,

@@ -120,7 +120,9 @@ HEAD_FWD_WARPS = 1
 # The token-norm forward takes a token's heads whole, read once, where they fit
 # TOKEN_FWD_WHOLE_ELEMENTS (heads and head_dim padded to powers of two), on a warp per
 # TOKEN_FWD_ELEMENTS_PER_WARP; above that it reads them twice, in blocks of
-# TOKEN_FWD_BLOCK_ELEMENTS on TOKEN_FWD_WARPS (16 elements a thread; not swept). Swept on the
+# TOKEN_FWD_BLOCK_ELEMENTS on TOKEN_FWD_WARPS (16 elements a thread; not swept), and so do angles
+# computed in the kernel: their fp64 cos/sin made the one-pass kernel spill 1072 bytes of
+# registers on sm_90 under Triton 3.6 (fp16, 2 warps, 32 heads of 96). Swept on the
 # H100 at Qwen3-8B's 32/8 heads of 128, bf16, out of place (tools/qknorm_launch_sweep.py
 # --direction token-forward, results/README.md, "OLMo2's norm forward in one pass"): two passes
 # took 3.1, 37.8, 141.5 and 282.4 us at 64, 4096, 4 x 4096 and 32768 tokens; whole tokens at
@@ -150,15 +152,16 @@ TOKEN_BWD_ELEMENTS_PER_WARP = 512
 TOKEN_BWD_STAGES = 1  # the whole-token loop's software-pipelining stages
 # Whole tokens read through TMA descriptors where the rows allow it (rotate-half, no tail, a
 # power-of-two half of at least 16 bytes, 16-byte aligned rows, tokens ordered batch-major:
-# bshd or thd; Hopper or later, or the interpreter): in TOKEN_BWD_TMA_STAGES pipelining stages
-# later tokens' rows wait in shared memory instead of registers, so more of the stream is in
-# flight. Tokens a program: as many as spread them over the SMs, a power of two, at most
-# TOKEN_BWD_TMA_TOKENS; a warp per TOKEN_BWD_TMA_ELEMENTS_PER_WARP (8 warps for 32 heads of 128:
-# at 4 warps the fp32 and computed-angle kernels spill registers on sm_90). A throwaway probe on
-# the H100 (Qwen3-8B's 32/8 heads, bf16, half tables, the backward alone at 4k, 4 x 4k and 32k
-# tokens; results/README.md, "OLMo2's norm backward through TMA"): plain loads 76.3, 285.4 and
-# 560.5 us; TMA on 8 warps, 3 stages, 32 tokens 60.2, 240.3 and 476.7; on 4 warps 56.0, 205.3
-# and 400.4.
+# bshd or thd; angles from tables; Hopper or later, or the interpreter): in TOKEN_BWD_TMA_STAGES
+# pipelining stages later tokens' rows wait in shared memory instead of registers, so more of the
+# stream is in flight. Tokens a program: as many as spread them over the SMs, a power of two, at
+# most TOKEN_BWD_TMA_TOKENS; a warp per TOKEN_BWD_TMA_ELEMENTS_PER_WARP. Swept on the H100 at
+# Qwen3-8B's 32/8 heads, bf16, full tables (tools/qknorm_launch_sweep.py --direction
+# token-backward-tma, results/README.md, "OLMo2's norm backward through TMA"): plain loads 79.8,
+# 299.0 and 593.5 us at 4k, 4 x 4k and 32k tokens; TMA on 8 warps, 3 stages, 32 tokens 63.2,
+# 258.7 and 510.5; 2 stages 78.3, 306.5 and 609.7. 4 warps took 55.0, 213.3 and 416.6 (79-80% of
+# a copy), but under Triton 3.6 they spill 232-388 bytes of registers on sm_90 in every variant
+# (the kernels compile without spills: tests/test_qknorm.py), so 8.
 TOKEN_BWD_TMA = True
 TOKEN_BWD_TMA_TOKENS = 32
 TOKEN_BWD_TMA_STAGES = 3
@@ -401,14 +404,16 @@ def _token_descriptors(g: Geometry, layout: str, tensors, blocks) -> tuple | Non
     ``[1, 1, heads a block, head_dim / 2]`` (the whole-token backward's rows, split into pair
     members), or None where TMA cannot read them: interleaved pairs or an unrotated tail, a half
     that is not a power of two of at least 16 bytes, rows or strides not 16-byte aligned, tokens
-    not batch-major (sbhd, bhsd), a GPU older than Hopper."""
+    not batch-major (sbhd, bhsd), a GPU older than Hopper; or where the kernel would spill
+    registers: angles computed in the kernel (fp64 cos/sin; 64 bytes on sm_90 under Triton 3.6,
+    fp16, 8 warps)."""
     half = g.head_dim // 2
     x = tensors[0]
     item = x.element_size()
     if g.tokens == 0 or min(t.shape[-2] for t in tensors) == 0:
         return None
     if (g.interleaved or g.rotary_dim != g.head_dim or half & (half - 1) or half * item < 16
-            or max(blocks) > 256 or layout not in ("bshd", "thd")):
+            or max(blocks) > 256 or layout not in ("bshd", "thd") or g.table == K.TABLE_COMPUTED):
         return None
     if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
         return None
@@ -471,7 +476,8 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
     ptrs, kw = _common(g, q, cos, sin, positions, base)
     if g.norm == "token":
         bq, bk, whole_token, warps = _token_blocks(
-            g, TOKEN_FWD_BLOCK_ELEMENTS, TOKEN_FWD_WARPS, TOKEN_FWD_WHOLE_ELEMENTS,
+            g, TOKEN_FWD_BLOCK_ELEMENTS, TOKEN_FWD_WARPS,
+            0 if g.table == K.TABLE_COMPUTED else TOKEN_FWD_WHOLE_ELEMENTS,
             TOKEN_FWD_ELEMENTS_PER_WARP, 1)
         with _triton.device_guard(q.device):
             K.qk_token_norm_rope_fwd_kernel[(g.tokens, 2)](
