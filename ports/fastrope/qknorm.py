@@ -506,14 +506,16 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
     return qo, ko
 
 
+def _sms(device: torch.device) -> int:
+    """The device's SMs; a CPU tensor (the Triton interpreter) counts as one."""
+    return sm_count(_cuda_index(device)) if device.type == "cuda" else 1
+
+
 def backward_tokens_per_program(tokens: int, head_blocks: int, device: torch.device) -> int:
     """The per-head backward's tokens a program: the fewest that keep the grid
     (token groups x head blocks) within about ``BACKWARD_PROGRAMS_PER_SM`` programs per SM, and
-    at least one. A CPU tensor (the Triton interpreter) counts as one SM."""
-    sms = 1
-    if device.type == "cuda":
-        sms = sm_count(_cuda_index(device))
-    budget = launch_constant("BACKWARD_PROGRAMS_PER_SM", device) * sms
+    at least one."""
+    budget = launch_constant("BACKWARD_PROGRAMS_PER_SM", device) * _sms(device)
     return max(1, triton.cdiv(tokens * head_blocks, budget))
 
 
@@ -547,10 +549,9 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
         if whole_token and TOKEN_BWD_TMA:
             descs = _token_descriptors(g, layout, (q, k, dq_out, dk_out), (bq, bk, bq, bk))
         if descs is not None:
-            sms = sm_count(_cuda_index(q.device)) if q.device.type == "cuda" else 1
-            tpp = min(TOKEN_BWD_TMA_TOKENS, triton.next_power_of_2(triton.cdiv(g.tokens, sms)))
-            stages = TOKEN_BWD_TMA_STAGES
             p2 = triton.next_power_of_2
+            tpp = min(TOKEN_BWD_TMA_TOKENS, p2(triton.cdiv(g.tokens, _sms(q.device))))
+            stages = TOKEN_BWD_TMA_STAGES
             warps = max(BACKWARD_WARPS, bq * p2(g.head_dim) // TOKEN_BWD_TMA_ELEMENTS_PER_WARP)
         return _backward_token_norm(g, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
                                     cos, sin, positions, base, gemma, layout, bq, bk, tpp,
