@@ -645,13 +645,17 @@ def signature(fn, dtype, consts):
     types = {"qw_ptr": "*fp32", "kw_ptr": "*fp32", "qpart_ptr": "*fp32", "kpart_ptr": "*fp32",
              "cos_ptr": "*fp32", "sin_ptr": "*fp32", "inv_ptr": "*fp64", "pos_ptr": "*i64",
              "eps": "fp32"}
+    half = consts["D"] // 2
     for x, heads in (("q", consts["BLOCK_HQ"]), ("k", consts["BLOCK_HK"])):
-        for name in (x + "_desc", "g" + x + "_desc"):  # the TMA descriptors' blocks
-            types[name] = f"tensordesc<{dtype}[1, 1, {heads}, {consts['D'] // 2}]>"
+        for name in (x + "_desc", "g" + x + "_desc", "d" + x + "_desc"):  # TMA descriptors' blocks
+            types[name] = f"tensordesc<{dtype}[1, 1, {heads}, {half}]>"
+        types[x + "w_desc"] = f"tensordesc<fp32[{heads}, {half}]>"
+        types[x + "part_desc"] = f"tensordesc<fp32[1, {heads}, {half}]>"
     return {n: "constexpr" if n in consts else "*" + dtype if n in POINTERS
             else types.get(n, "i32") for n in fn.arg_names}
 
-NO_DESCS = dict.fromkeys(("q_desc", "k_desc", "gq_desc", "gk_desc"))
+NO_DESCS = dict.fromkeys(("q_desc", "k_desc", "gq_desc", "gk_desc", "dq_desc", "dk_desc",
+                          "qw_desc", "kw_desc", "qpart_desc", "kpart_desc"))
 # The TMA path reads rows whose channels are contiguous: its channel strides, and the weights' and
 # tables' column strides of contiguous inputs, are 1, which a launch compiles as constants (Triton
 # specializes an int argument equal to 1); its register budget is measured that way.

@@ -399,35 +399,50 @@ def _token_blocks(g: Geometry, block_elements: int, block_warps: int, whole_elem
             _block_heads(g.k_heads, g.head_dim, block_elements), False, block_warps)
 
 
-def _token_descriptors(g: Geometry, layout: str, tensors, blocks) -> tuple | None:
-    """TMA descriptors over each tensor as ``[batch, seq, heads, head_dim]``, blocks of
-    ``[1, 1, heads a block, head_dim / 2]`` (the whole-token backward's rows, split into pair
-    members), or None where TMA cannot read them: interleaved pairs or an unrotated tail, a half
-    that is not a power of two of at least 16 bytes, rows or strides not 16-byte aligned, tokens
-    not batch-major (sbhd, bhsd), a GPU older than Hopper; or where the kernel would spill
-    registers: angles computed in the kernel (fp64 cos/sin; 64 bytes on sm_90 under Triton 3.6,
-    fp16, 8 warps)."""
+def _token_descriptors(g: Geometry, layout: str, rows, weights, blocks) -> tuple | None:
+    """TMA descriptors for the whole-token backward, or None where TMA cannot serve it: over each
+    of ``rows`` (q, k, dq_out, dk_out, dq, dk) as ``[batch, seq, heads, head_dim]``, blocks of
+    ``[1, 1, heads a block, head_dim / 2]`` (a token's rows, split into pair members), then over
+    each of ``weights`` as ``[heads, head_dim]``, blocks of ``[heads a block, head_dim / 2]``;
+    ``blocks``: q's and k's heads a block. None for interleaved pairs or an unrotated tail, a
+    half that is not a power of two of at least 16 bytes, rows, strides or weights not 16-byte
+    aligned, tokens not batch-major (sbhd, bhsd), a GPU older than Hopper; or where the kernel
+    would spill registers: angles computed in the kernel (fp64 cos/sin; 64 bytes on sm_90 under
+    Triton 3.6, fp16, 8 warps)."""
     half = g.head_dim // 2
-    x = tensors[0]
-    item = x.element_size()
-    if g.tokens == 0 or min(t.shape[-2] for t in tensors) == 0:
+    if g.tokens == 0 or min(t.shape[-2] for t in rows) == 0:
         return None
-    if (g.interleaved or g.rotary_dim != g.head_dim or half & (half - 1) or half * item < 16
+    if (g.interleaved or g.rotary_dim != g.head_dim or half & (half - 1)
+            or half * min(t.element_size() for t in rows + weights) < 16
             or max(blocks) > 256 or layout not in ("bshd", "thd") or g.table == K.TABLE_COMPUTED):
         return None
+    x = rows[0]
     if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
         return None
     descs = []
-    for t, block in zip(tensors, blocks):
+    for i, t in enumerate(rows):
         sb, ss, sh, sd = _strides(t, layout)
-        heads = t.shape[-2]
+        heads, item = t.shape[-2], t.element_size()
         sb = sb if g.batch > 1 else g.seqlen * ss  # thd, or one sequence: any aligned stride
         if (sd != 1 or t.data_ptr() % 16 or any(v * item % 16 or v <= 0 for v in (sb, ss, sh))
                 or sh < g.head_dim or ss < heads * sh or sb < g.seqlen * ss):
             return None
         descs.append(TensorDescriptor(t, [g.batch, g.seqlen, heads, g.head_dim],
-                                      [sb, ss, sh, 1], [1, 1, block, half]))
+                                      [sb, ss, sh, 1], [1, 1, blocks[i % 2], half]))
+    for w, block in zip(weights, blocks):
+        if w.stride(0) != 1 or w.data_ptr() % 16 or g.head_dim * w.element_size() % 16:
+            return None
+        heads = w.shape[0] // g.head_dim
+        descs.append(TensorDescriptor(w, [heads, g.head_dim], [g.head_dim, 1], [block, half]))
     return tuple(descs)
+
+
+def _partial_descriptors(g: Geometry, parts, blocks) -> tuple:
+    """TMA descriptors over the fp32 partial rows ``[groups, heads * head_dim]`` (contiguous, new)
+    as ``[groups, heads, head_dim]``, blocks of ``[1, heads a block, head_dim / 2]``."""
+    return tuple(TensorDescriptor(p, [p.shape[0], p.shape[1] // g.head_dim, g.head_dim],
+                                  [p.shape[1], g.head_dim, 1], [1, block, g.head_dim // 2])
+                 for p, block in zip(parts, blocks))
 
 
 def _common(g: Geometry, q: Tensor, cos, sin, positions, base) -> tuple[list, dict]:
@@ -547,7 +562,8 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
             TOKEN_BWD_ELEMENTS_PER_WARP, BACKWARD_WARPS)
         descs, stages = None, TOKEN_BWD_STAGES
         if whole_token and TOKEN_BWD_TMA:
-            descs = _token_descriptors(g, layout, (q, k, dq_out, dk_out), (bq, bk, bq, bk))
+            descs = _token_descriptors(g, layout, (q, k, dq_out, dk_out, dq, dk),
+                                       (q_weight, k_weight), (bq, bk))
         if descs is not None:
             p2 = triton.next_power_of_2
             tpp = min(TOKEN_BWD_TMA_TOKENS, p2(triton.cdiv(g.tokens, _sms(q.device))))
@@ -603,15 +619,17 @@ def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_
                          whole_token, warps, descs, stages):
     """norm="token": one launch over (token groups, q and k), then the fixed-order sums of the
     ``[groups, heads * head_dim]`` partial rows. ``whole_token``: every head of q in one block
-    of ``bq`` and of k in one of ``bk`` (one pass a token); ``descs``: q's, k's, dq_out's and
-    dk_out's TMA descriptors, or None (plain loads)."""
+    of ``bq`` and of k in one of ``bk`` (one pass a token); ``descs``: the TMA descriptors of
+    :func:`_token_descriptors`, or None (plain loads and stores)."""
     qpart = _alloc.empty((groups, g.q_heads * g.head_dim), dtype=torch.float32, device=q.device)
     kpart = _alloc.empty((groups, g.k_heads * g.head_dim), dtype=torch.float32, device=q.device)
+    if descs is not None:
+        descs += _partial_descriptors(g, (qpart, kpart), (bq, bk))
     if g.tokens and g.q_heads + g.k_heads:
         ptrs, kw = _common(g, q, cos, sin, positions, base)
         with _triton.device_guard(q.device):
             K.qk_token_norm_rope_bwd_kernel[(groups, 2)](
-                q, k, dq_out, dk_out, *(descs or (None,) * 4), dq, dk, q_weight, k_weight, qpart,
+                q, k, dq_out, dk_out, *(descs or (None,) * 10), dq, dk, q_weight, k_weight, qpart,
                 kpart, *ptrs,
                 g.tokens, g.seqlen, g.q_heads, g.k_heads, max(g.table_rows, 1), float(eps),
                 *_strides(q, layout), *_strides(k, layout),

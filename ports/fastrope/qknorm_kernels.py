@@ -136,6 +136,17 @@ def _load_rows_tma(desc, b, s, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
 
 
 @triton.jit
+def _store_rows_tma(desc, b, s, y1, y2, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+    """:func:`_load_rows_tma`'s inverse: a token's rows from the pair members [BLOCK_H, HALF],
+    rounded to the tensor's dtype; heads and tokens past the tensor are not written."""
+    bi = b.to(tl.int32)
+    si = s.to(tl.int32)
+    ty = desc.dtype
+    desc.store([bi, si, 0, 0], y1.to(ty).reshape(1, 1, BLOCK_H, HALF))
+    desc.store([bi, si, 0, HALF], y2.to(ty).reshape(1, 1, BLOCK_H, HALF))
+
+
+@triton.jit
 def _store_rows(row_ptr, sd, hm, y1, y2, yt, D: tl.constexpr, HALF: tl.constexpr,
                 PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr,
                 HAS_TAIL: tl.constexpr):
@@ -426,10 +437,10 @@ def qk_token_norm_rope_fwd_kernel(
 
 
 @triton.jit
-def _backward_token(x_ptr, g_ptr, x_desc, g_desc, dx_ptr, w_ptr, part_ptr, grp, tok0, T, S,
-                    n_heads, eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
-                    sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds, sdh, sdd, sw,
-                    D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
+def _backward_token(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_desc, dx_ptr, w_ptr,
+                    part_ptr, grp, tok0, T, S, n_heads, eps, pos_ptr, psb, pss, cos_ptr, sin_ptr,
+                    inv_ptr, rows, tsr, tsc, sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds,
+                    sdh, sdd, sw, D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
                     TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
                     TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
                     HAS_TAIL: tl.constexpr, TOKENS_PER_PROGRAM: tl.constexpr,
@@ -445,12 +456,12 @@ def _backward_token(x_ptr, g_ptr, x_desc, g_desc, dx_ptr, w_ptr, part_ptr, grp, 
     summed in registers. Pass 2 reads the program's tokens again: from DRAM once the resident
     programs' TOKENS_PER_PROGRAM tokens outgrow the L2."""
     if WHOLE_TOKEN:
-        _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_ptr, w_ptr, part_ptr, grp, tok0,
-                               T, S, n_heads, eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
-                               rows, tsr, tsc, sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds,
-                               sdh, sdd, sw, D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_H,
-                               INTERLEAVED, TABLE, HAS_POS, GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM,
-                               TMA, STAGES)
+        _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_desc, dx_ptr,
+                               w_ptr, part_ptr, grp, tok0, T, S, n_heads, eps, pos_ptr, psb, pss,
+                               cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, sxb, sxs, sxh, sxd,
+                               sgb, sgs, sgh, sgd, sdb, sds, sdh, sdd, sw, D, HALF, PAIR_BLOCK,
+                               TAIL_BLOCK, BLOCK_H, INTERLEAVED, TABLE, HAS_POS, GEMMA, HAS_TAIL,
+                               TOKENS_PER_PROGRAM, TMA, STAGES)
     else:
         n = n_heads * D
         slots = tl.arange(0, TOKENS_PER_PROGRAM)
@@ -528,10 +539,11 @@ def _backward_token(x_ptr, g_ptr, x_desc, g_desc, dx_ptr, w_ptr, part_ptr, grp, 
 
 
 @triton.jit
-def _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_ptr, w_ptr, part_ptr, grp, tok0, T,
-                           S, n_heads, eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows,
-                           tsr, tsc, sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds, sdh, sdd,
-                           sw, D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
+def _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_desc, dx_ptr,
+                           w_ptr, part_ptr, grp, tok0, T, S, n_heads, eps, pos_ptr, psb, pss,
+                           cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, sxb, sxs, sxh, sxd, sgb,
+                           sgs, sgh, sgd, sdb, sds, sdh, sdd, sw,
+                           D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
                            TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
                            INTERLEAVED: tl.constexpr, TABLE: tl.constexpr, HAS_POS: tl.constexpr,
                            GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr,
@@ -539,12 +551,22 @@ def _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_ptr, w_ptr, part_ptr
                            STAGES: tl.constexpr):
     """:func:`_backward_token` with every head of a token in one block (n_heads <= BLOCK_H):
     per token, its rows of x and dy are read once, the sums, dx and the dweight terms all come
-    from the registers. ``TMA``: the rows come through the descriptors ``x_desc`` and ``g_desc``
-    (:func:`_load_rows_tma`; rotate-half, no tail), and STAGES > 1 then keeps later tokens' rows
-    in flight in shared memory while a token is computed; with plain loads Triton's pipeliner
-    stages none of them. Its per-token lines repeat pass 2 of :func:`_backward_token`: sharing
-    them through helper functions reordered the instructions, and ptxas then spilled registers in
-    the two-pass kernel (bf16, sm_90)."""
+    from the registers. With plain loads Triton's pipeliner stages none of a later token's rows.
+
+    ``TMA`` (rotate-half, no tail): every tensor the loop touches goes through a descriptor. x
+    and dy come through ``x_desc`` and ``g_desc`` (:func:`_load_rows_tma`), and STAGES > 1 keeps
+    later tokens' rows in flight in shared memory while a token is computed; the weight comes
+    once through ``w_desc`` (``[heads, D]``), dx leaves through ``dx_desc`` and the partial row
+    through ``part_desc`` (``[programs, heads, D]``). Rows past the tensors read as 0 and are not
+    written, so no lane needs a mask. Why every one: a pointer load or store fixes its tensor's
+    register layout (the weight's fp32 rows one, dx's 16-bit rows another), and Triton then
+    computes the token twice, once in each layout; through descriptors the loop has one layout.
+    ptxas, sm_90, Triton 3.6, Qwen3-8B's 32 heads of 128 in bf16 on 4 warps: 255 registers and
+    244 bytes spilled with pointers, 168 and none so.
+
+    Its per-token lines repeat pass 2 of :func:`_backward_token`: sharing them through helper
+    functions reordered the instructions, and ptxas then spilled registers in the two-pass
+    kernel (bf16, sm_90)."""
     n = n_heads * D
     h = tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
     hh = h < n_heads
@@ -553,6 +575,13 @@ def _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_ptr, w_ptr, part_ptr
     acc1 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
     acct = tl.zeros([BLOCK_H, TAIL_BLOCK], dtype=tl.float32)
+    if TMA:
+        w1 = w_desc.load([0, 0]).to(tl.float32)
+        w2 = w_desc.load([0, HALF]).to(tl.float32)
+        wt = tl.zeros([1, TAIL_BLOCK], dtype=tl.float32)
+        if GEMMA:
+            w1 = w1 + 1.0
+            w2 = w2 + 1.0
     for i in tl.range(TOKENS_PER_PROGRAM, num_stages=STAGES):
         tok = tok0 + i
         valid = tok < T
@@ -569,36 +598,51 @@ def _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_ptr, w_ptr, part_ptr
                                     PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
             g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
                                     PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
-        w1, w2, wt = _head_weights(w_ptr, sw, h, hh, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
-                                   INTERLEAVED, GEMMA, HAS_TAIL)
+            w1, w2, wt = _head_weights(w_ptr, sw, h, hh, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
+                                       INTERLEAVED, GEMMA, HAS_TAIL)
         dz1 = g1 * c1 + g2 * s2
         dz2 = g2 * c2 - g1 * s1
         ss = _sum_all(x1 * x1) + _sum_all(x2 * x2) + _sum_all(xt * xt)
         sd = _sum_all(dz1 * w1 * x1) + _sum_all(dz2 * w2 * x2) + _sum_all(gt * wt * xt)
         rstd = tl.rsqrt(ss / n + eps)
         dot = rstd * sd / n
-        xh1 = tl.where(hm & pm, x1 * rstd, 0.0)
-        xh2 = tl.where(hm & pm, x2 * rstd, 0.0)
-        xht = tl.where(hm, xt * rstd, 0.0)
+        if TMA:
+            xh1 = x1 * rstd
+            xh2 = x2 * rstd
+            xht = xt * rstd
+        else:
+            xh1 = tl.where(hm & pm, x1 * rstd, 0.0)
+            xh2 = tl.where(hm & pm, x2 * rstd, 0.0)
+            xht = tl.where(hm, xt * rstd, 0.0)
         acc1 += dz1 * xh1
         acc2 += dz2 * xh2
         acct += gt * xht
-        _store_rows(dx_ptr + b * sdb + s * sds + h * sdh, sdd, hm,
-                    rstd * (dz1 * w1 - xh1 * dot), rstd * (dz2 * w2 - xh2 * dot),
-                    rstd * (gt * wt - xht * dot), D, HALF, PAIR_BLOCK, TAIL_BLOCK,
-                    INTERLEAVED, HAS_TAIL)
-    prow = part_ptr + grp * n + h * D
-    tl.store(prow + o1, acc1, mask=hh & pm)
-    tl.store(prow + o2, acc2, mask=hh & pm)
-    if HAS_TAIL:
-        t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
-        tl.store(prow + t, acct, mask=hh & (t < D))
+        dx1 = rstd * (dz1 * w1 - xh1 * dot)
+        dx2 = rstd * (dz2 * w2 - xh2 * dot)
+        if TMA:
+            _store_rows_tma(dx_desc, b, s, dx1, dx2, BLOCK_H, HALF)
+        else:
+            _store_rows(dx_ptr + b * sdb + s * sds + h * sdh, sdd, hm, dx1, dx2,
+                        rstd * (gt * wt - xht * dot), D, HALF, PAIR_BLOCK, TAIL_BLOCK,
+                        INTERLEAVED, HAS_TAIL)
+    if TMA:
+        gi = grp.to(tl.int32)
+        part_desc.store([gi, 0, 0], acc1.reshape(1, BLOCK_H, HALF))
+        part_desc.store([gi, 0, HALF], acc2.reshape(1, BLOCK_H, HALF))
+    else:
+        prow = part_ptr + grp * n + h * D
+        tl.store(prow + o1, acc1, mask=hh & pm)
+        tl.store(prow + o2, acc2, mask=hh & pm)
+        if HAS_TAIL:
+            t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
+            tl.store(prow + t, acct, mask=hh & (t < D))
 
 
 @triton.jit
 def qk_token_norm_rope_bwd_kernel(
-        q_ptr, k_ptr, gq_ptr, gk_ptr, q_desc, k_desc, gq_desc, gk_desc, dq_ptr, dk_ptr, qw_ptr,
-        kw_ptr, qpart_ptr, kpart_ptr, cos_ptr, sin_ptr, inv_ptr, pos_ptr,
+        q_ptr, k_ptr, gq_ptr, gk_ptr, q_desc, k_desc, gq_desc, gk_desc, dq_desc, dk_desc,
+        qw_desc, kw_desc, qpart_desc, kpart_desc, dq_ptr, dk_ptr, qw_ptr, kw_ptr, qpart_ptr,
+        kpart_ptr, cos_ptr, sin_ptr, inv_ptr, pos_ptr,
         T, S, HQ, HK, rows, eps,
         sqb, sqs, sqh, sqd, skb, sks, skh, skd,
         sgqb, sgqs, sgqh, sgqd, sgkb, sgks, sgkh, sgkd,
@@ -611,22 +655,22 @@ def qk_token_norm_rope_bwd_kernel(
         STAGES: tl.constexpr):
     """Grid (token groups, 2): dq (y 0) or dk (y 1) and the weight-gradient partial row
     ``group`` of ``[groups, heads * D]``; ``WHOLE_TOKEN``: every head of q in one block of
-    BLOCK_HQ, and of k in one of BLOCK_HK; ``TMA`` (whole tokens only): q, k, dq_out and dk_out
-    read through the four descriptors (None otherwise)."""
+    BLOCK_HQ, and of k in one of BLOCK_HK; ``TMA`` (whole tokens only): q, k, dq_out, dk_out,
+    dq, dk, the weights and the partial rows through the ten descriptors (None otherwise)."""
     grp = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
     tok0 = grp * TOKENS_PER_PROGRAM
     if which == 0:
-        _backward_token(q_ptr, gq_ptr, q_desc, gq_desc, dq_ptr, qw_ptr, qpart_ptr, grp, tok0, T,
-                        S, HQ, eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr,
-                        tsc,
+        _backward_token(q_ptr, gq_ptr, q_desc, gq_desc, dq_desc, qw_desc, qpart_desc, dq_ptr,
+                        qw_ptr, qpart_ptr, grp, tok0, T, S, HQ, eps, pos_ptr, psb, pss, cos_ptr,
+                        sin_ptr, inv_ptr, rows, tsr, tsc,
                         sqb, sqs, sqh, sqd, sgqb, sgqs, sgqh, sgqd, sdqb, sdqs, sdqh, sdqd, sqw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, TABLE, HAS_POS,
                         GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, WHOLE_TOKEN, TMA, STAGES)
     else:
-        _backward_token(k_ptr, gk_ptr, k_desc, gk_desc, dk_ptr, kw_ptr, kpart_ptr, grp, tok0, T,
-                        S, HK, eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr,
-                        tsc,
+        _backward_token(k_ptr, gk_ptr, k_desc, gk_desc, dk_desc, kw_desc, kpart_desc, dk_ptr,
+                        kw_ptr, kpart_ptr, grp, tok0, T, S, HK, eps, pos_ptr, psb, pss, cos_ptr,
+                        sin_ptr, inv_ptr, rows, tsr, tsc,
                         skb, sks, skh, skd, sgkb, sgks, sgkh, sgkd, sdkb, sdks, sdkh, sdkd, skw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, TABLE, HAS_POS,
                         GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, WHOLE_TOKEN, TMA, STAGES)
