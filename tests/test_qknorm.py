@@ -647,8 +647,9 @@ def signature(fn, dtype, consts):
              "eps": "fp32"}
     half = consts["D"] // 2
     for x, heads in (("q", consts["BLOCK_HQ"]), ("k", consts["BLOCK_HK"])):
-        for name in (x + "_desc", "g" + x + "_desc", "d" + x + "_desc"):  # TMA descriptors' blocks
+        for name in (x + "_desc", "g" + x + "_desc"):  # the TMA descriptors' blocks
             types[name] = f"tensordesc<{dtype}[1, 1, {heads}, {half}]>"
+        types["d" + x + "_desc"] = f"tensordesc<{dtype}[1, 1, {heads}, {consts['D']}]>"
         types[x + "w_desc"] = f"tensordesc<fp32[{heads}, {half}]>"
         types[x + "part_desc"] = f"tensordesc<fp32[1, {heads}, {half}]>"
     return {n: "constexpr" if n in consts else "*" + dtype if n in POINTERS
@@ -684,7 +685,7 @@ for fn, extra, elements, warps in (
                                            "STAGES": Q.TOKEN_BWD_TMA_STAGES,
                                            "TABLES_ONLY": True},
          Q.TOKEN_BWD_WHOLE_ELEMENTS,
-         max(Q.BACKWARD_WARPS, 32 * 128 // Q.TOKEN_BWD_TMA_ELEMENTS_PER_WARP))):
+         None)):
     tma = extra.get("TMA", False)
     # the one-pass forward and the TMA backward never compute angles (the launcher's rule)
     computed = K.TABLE_FULL if extra.pop("TABLES_ONLY", False) else K.TABLE_COMPUTED
@@ -698,6 +699,9 @@ for fn, extra, elements, warps in (
                       BLOCK_HK=Q._block_heads(8, 96 if tail else 128, block),
                       INTERLEAVED=interleaved, TABLE=table,
                       HAS_POS=tail, GEMMA=tail, HAS_TAIL=tail, **extra)
+        if tma:  # the launcher's warps for 32 heads of 128, by element size
+            item = 4 if dtype == "fp32" else 2
+            warps = max(Q.BACKWARD_WARPS, 32 * 128 // Q.TOKEN_BWD_TMA_ELEMENTS_PER_WARP[item])
         k = triton.compile(ASTSource(fn, signature(fn, dtype, consts), consts),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
         ptxas = shutil.which("ptxas")

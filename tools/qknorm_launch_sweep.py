@@ -101,8 +101,9 @@ def launch_settings(direction: str, setting: tuple[int, ...]):
     if direction in _TOKEN_CONSTANTS:
         names = _TOKEN_CONSTANTS[direction]
         saved = [getattr(qknorm, name) for name in names]
-        for name, value in zip(names, setting):
-            setattr(qknorm, name, value)
+        for name, value, old in zip(names, setting, saved):
+            # a constant kept by element size: the sweep's (bf16) entry
+            setattr(qknorm, name, {**old, 2: value} if isinstance(old, dict) else value)
         try:
             yield
         finally:

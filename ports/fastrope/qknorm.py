@@ -165,7 +165,7 @@ TOKEN_BWD_STAGES = 1  # the whole-token loop's software-pipelining stages
 TOKEN_BWD_TMA = True
 TOKEN_BWD_TMA_TOKENS = 32
 TOKEN_BWD_TMA_STAGES = 3
-TOKEN_BWD_TMA_ELEMENTS_PER_WARP = 512
+TOKEN_BWD_TMA_ELEMENTS_PER_WARP = {2: 1024, 4: 512}  # by element size
 # The per-head backward's block by (element size, whether the head has an unrotated tail).
 # 16-bit: 2048 (16 heads of 128), the fastest of the sweep (tools/qknorm_launch_sweep.py); on the
 # H100 at Qwen3-8B's 32/8 heads, bf16, 16 tokens a program and 4 warps, the kernel alone took
@@ -399,22 +399,26 @@ def _token_blocks(g: Geometry, block_elements: int, block_warps: int, whole_elem
             _block_heads(g.k_heads, g.head_dim, block_elements), False, block_warps)
 
 
-def _token_descriptors(g: Geometry, layout: str, rows, weights, blocks) -> tuple | None:
+def _token_descriptors(g: Geometry, layout: str, reads, writes, weights,
+                       blocks) -> tuple | None:
     """TMA descriptors for the whole-token backward, or None where TMA cannot serve it: over each
-    of ``rows`` (q, k, dq_out, dk_out, dq, dk) as ``[batch, seq, heads, head_dim]``, blocks of
-    ``[1, 1, heads a block, head_dim / 2]`` (a token's rows, split into pair members), then over
-    each of ``weights`` as ``[heads, head_dim]``, blocks of ``[heads a block, head_dim / 2]``;
+    of ``reads`` (q, k, dq_out, dk_out) and ``writes`` (dq, dk) as ``[batch, seq, heads,
+    head_dim]``, blocks of ``[1, 1, heads a block, head_dim / 2]`` (a token's rows, split into
+    pair members) to read and ``[1, 1, heads a block, head_dim]`` to write; then over each of
+    ``weights`` as ``[heads, head_dim]``, blocks of ``[heads a block, head_dim / 2]``;
     ``blocks``: q's and k's heads a block. None for interleaved pairs or an unrotated tail, a
     half that is not a power of two of at least 16 bytes, rows, strides or weights not 16-byte
     aligned, tokens not batch-major (sbhd, bhsd), a GPU older than Hopper; or where the kernel
     would spill registers: angles computed in the kernel (fp64 cos/sin; 64 bytes on sm_90 under
     Triton 3.6, fp16, 8 warps)."""
     half = g.head_dim // 2
+    rows = reads + writes
     if g.tokens == 0 or min(t.shape[-2] for t in rows) == 0:
         return None
     if (g.interleaved or g.rotary_dim != g.head_dim or half & (half - 1)
             or half * min(t.element_size() for t in rows + weights) < 16
-            or max(blocks) > 256 or layout not in ("bshd", "thd") or g.table == K.TABLE_COMPUTED):
+            or max(blocks + (g.head_dim,)) > 256  # a TMA block's dimensions: 256 at most
+            or layout not in ("bshd", "thd") or g.table == K.TABLE_COMPUTED):
         return None
     x = rows[0]
     if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
@@ -427,8 +431,9 @@ def _token_descriptors(g: Geometry, layout: str, rows, weights, blocks) -> tuple
         if (sd != 1 or t.data_ptr() % 16 or any(v * item % 16 or v <= 0 for v in (sb, ss, sh))
                 or sh < g.head_dim or ss < heads * sh or sb < g.seqlen * ss):
             return None
+        width = half if i < len(reads) else g.head_dim
         descs.append(TensorDescriptor(t, [g.batch, g.seqlen, heads, g.head_dim],
-                                      [sb, ss, sh, 1], [1, 1, blocks[i % 2], half]))
+                                      [sb, ss, sh, 1], [1, 1, blocks[i % 2], width]))
     for w, block in zip(weights, blocks):
         if w.stride(0) != 1 or w.data_ptr() % 16 or g.head_dim * w.element_size() % 16:
             return None
@@ -562,13 +567,14 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
             TOKEN_BWD_ELEMENTS_PER_WARP, BACKWARD_WARPS)
         descs, stages = None, TOKEN_BWD_STAGES
         if whole_token and TOKEN_BWD_TMA:
-            descs = _token_descriptors(g, layout, (q, k, dq_out, dk_out, dq, dk),
+            descs = _token_descriptors(g, layout, (q, k, dq_out, dk_out), (dq, dk),
                                        (q_weight, k_weight), (bq, bk))
         if descs is not None:
             p2 = triton.next_power_of_2
             tpp = min(TOKEN_BWD_TMA_TOKENS, p2(triton.cdiv(g.tokens, _sms(q.device))))
             stages = TOKEN_BWD_TMA_STAGES
-            warps = max(BACKWARD_WARPS, bq * p2(g.head_dim) // TOKEN_BWD_TMA_ELEMENTS_PER_WARP)
+            per_warp = TOKEN_BWD_TMA_ELEMENTS_PER_WARP[q.element_size()]
+            warps = max(BACKWARD_WARPS, bq * p2(g.head_dim) // per_warp)
         return _backward_token_norm(g, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
                                     cos, sin, positions, base, gemma, layout, bq, bk, tpp,
                                     triton.cdiv(g.tokens, tpp), whole_token, warps, descs,
