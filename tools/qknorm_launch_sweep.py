@@ -82,9 +82,9 @@ def token_forward_settings() -> list[tuple[int, int]]:
 
 def token_backward_tma_settings() -> list[tuple[int, int, int, int]]:
     """(TMA, elements a warp, most tokens a program, stages): plain loads (0), and TMA on 4 or
-    8 warps (32 heads of 128), 16 or 32 tokens a program, 2 to 4 stages."""
+    8 warps (32 heads of 128), at most 32 to 512 tokens a program, 2 to 4 stages."""
     return [(0, 1024, 32, 3)] + [(1, e, t, s) for e, t, s in itertools.product(
-        (512, 1024), (16, 32), (2, 3, 4))]
+        (512, 1024), (32, 128, 512), (2, 3, 4))]
 
 
 _TOKEN_CONSTANTS = {

@@ -163,7 +163,7 @@ TOKEN_BWD_STAGES = 1  # the whole-token loop's software-pipelining stages
 # a copy), but under Triton 3.6 they spill 232-388 bytes of registers on sm_90 in every variant
 # (the kernels compile without spills: tests/test_qknorm.py), so 8.
 TOKEN_BWD_TMA = True
-TOKEN_BWD_TMA_TOKENS = 32
+TOKEN_BWD_TMA_TOKENS = 512
 TOKEN_BWD_TMA_STAGES = 3
 TOKEN_BWD_TMA_ELEMENTS_PER_WARP = {2: 1024, 4: 512}  # by element size
 # The per-head backward's block by (element size, whether the head has an unrotated tail).
