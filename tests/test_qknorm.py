@@ -445,6 +445,16 @@ def test_token_norm_backward_several_tokens_per_program(monkeypatch, passes):
     assert set(reads) == ({True} if passes == "whole tokens, TMA" else set())
 
 
+def test_token_norm_backward_one_token_a_program_skips_tma(monkeypatch):
+    """Where the SMs take a token each (here one token on the interpreter's one SM), TMA has no
+    later token to stage: the backward reads with plain loads, and is correct."""
+    reads = _tma_reads(monkeypatch, True)
+    check_backward(Case(b=1, s=1, hq=3, hk=2, d=8, asymmetric=True, norm="token"))
+    assert not reads
+    check_backward(Case(b=1, s=2, hq=3, hk=2, d=8, asymmetric=True, norm="token"))
+    assert reads == [True]
+
+
 def test_token_norm_differs_from_head_norm():
     """The same q under the two norms: the oracle tells them apart (a kernel computing the other
     norm would fail check_forward), and each kernel matches its own."""

@@ -566,7 +566,10 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
             g, TOKEN_BWD_BLOCK_ELEMENTS, BACKWARD_WARPS, TOKEN_BWD_WHOLE_ELEMENTS,
             TOKEN_BWD_ELEMENTS_PER_WARP, BACKWARD_WARPS)
         descs, stages = None, TOKEN_BWD_STAGES
-        if whole_token and TOKEN_BWD_TMA:
+        # TMA's gain is a program's later tokens staged while one is computed: none where the
+        # SMs take a token each (decode's 64 tokens: 7.0 us through TMA, 5.7 with plain loads,
+        # H100 suites b688c59 and 0f972c8)
+        if whole_token and TOKEN_BWD_TMA and g.tokens > _sms(q.device):
             descs = _token_descriptors(g, layout, (q, k, dq_out, dk_out), (dq, dk),
                                        (q_weight, k_weight), (bq, bk))
         if descs is not None:
