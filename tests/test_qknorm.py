@@ -350,14 +350,19 @@ TOKEN_CASES = [
     Case(norm="token", layout="thd", positions="ids", gemma=True, weight_dtype="fp32"),
     Case(norm="token", source="computed", positions="ids", hk=1, d=20, rot=12),
     Case(norm="token", dtype="bf16", source="half", positions="ids", hq=5, hk=3),
+    Case(norm="token", dtype="bf16", hq=16, hk=8, d=128, asymmetric=True),
+    Case(norm="token", layout="thd", positions="ids", gemma=True, weight_dtype="bf16", hq=12,
+         hk=8, d=64),
 ]
 TOKEN_IDS = ["fp32", "bf16-interleaved-sbhd", "fp16-bhsd-partial-half-odd-heads",
-             "thd-gemma", "computed-mqa-d20", "bf16-half-ids-odd-heads"]
+             "thd-gemma", "computed-mqa-d20", "bf16-half-ids-odd-heads", "bf16-16-8-heads-of-128",
+             "fp32-thd-gemma-12-8-heads-of-64"]
 # The cases whose whole-token backward reads through TMA descriptors: rotate-half, no tail, a
-# half of at least 16 bytes, batch-major tokens (bshd, thd).
-TOKEN_TMA = {"fp32": True, "bf16-interleaved-sbhd": False,
-             "fp16-bhsd-partial-half-odd-heads": False, "thd-gemma": True,
-             "computed-mqa-d20": False, "bf16-half-ids-odd-heads": True}
+# half of at least 16 bytes, batch-major tokens (bshd, thd), blocks of at least 1 KB.
+TOKEN_TMA = {"fp32": False, "bf16-interleaved-sbhd": False,
+             "fp16-bhsd-partial-half-odd-heads": False, "thd-gemma": False,
+             "computed-mqa-d20": False, "bf16-half-ids-odd-heads": False,
+             "bf16-16-8-heads-of-128": True, "fp32-thd-gemma-12-8-heads-of-64": True}
 
 
 def _token_paths(monkeypatch, passes: str) -> list[bool]:
@@ -378,9 +383,11 @@ def _token_paths(monkeypatch, passes: str) -> list[bool]:
 
 
 def _tma_reads(monkeypatch, tma: bool) -> list[bool]:
-    """TOKEN_BWD_TMA set to ``tma``; returns, per whole-token backward, whether it read through
-    TMA descriptors, recorded."""
+    """TOKEN_BWD_TMA set to ``tma``, on one SM (the interpreter's count, on a GPU too: these
+    cases' few tokens then give a program more than one, where TMA serves); returns, per
+    whole-token backward that could read through TMA, whether it did, recorded."""
     monkeypatch.setattr(qknr, "TOKEN_BWD_TMA", tma)
+    monkeypatch.setattr(qknr, "_sms", lambda device: 1)
     reads, descriptors = [], qknr._token_descriptors
 
     def recorded(*args):
@@ -433,10 +440,10 @@ def test_token_norm_backward_several_tokens_per_program(monkeypatch, passes):
     monkeypatch.setattr(qknr, "LONG_RUN_MIN_TOKENS", 1)
     monkeypatch.setattr(qknr, "LONG_RUN_TOKENS", 8)
     monkeypatch.setattr(qknr, "TOKEN_BWD_TMA_TOKENS", 8)
-    monkeypatch.setattr(qknr, "TOKEN_BWD_BLOCK_ELEMENTS", 16)
+    monkeypatch.setattr(qknr, "TOKEN_BWD_BLOCK_ELEMENTS", 512)
     paths = _token_paths(monkeypatch, passes)
     reads = _tma_reads(monkeypatch, passes == "whole tokens, TMA")
-    c = Case(b=3, s=7, hq=3, hk=2, d=8, asymmetric=True, norm="token")
+    c = Case(b=3, s=7, hq=3, hk=2, d=256, asymmetric=True, norm="token")  # TMA blocks of 1 KB+
     first = check_backward(c)
     second = check_backward(c)
     for name in ("dq", "dk", "dqw", "dkw"):
@@ -449,9 +456,9 @@ def test_token_norm_backward_one_token_a_program_skips_tma(monkeypatch):
     """Where the SMs take a token each (here one token on the interpreter's one SM), TMA has no
     later token to stage: the backward reads with plain loads, and is correct."""
     reads = _tma_reads(monkeypatch, True)
-    check_backward(Case(b=1, s=1, hq=3, hk=2, d=8, asymmetric=True, norm="token"))
+    check_backward(Case(b=1, s=1, hq=3, hk=2, d=256, asymmetric=True, norm="token"))
     assert not reads
-    check_backward(Case(b=1, s=2, hq=3, hk=2, d=8, asymmetric=True, norm="token"))
+    check_backward(Case(b=1, s=2, hq=3, hk=2, d=256, asymmetric=True, norm="token"))
     assert reads == [True]
 
 

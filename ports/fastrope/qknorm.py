@@ -418,6 +418,9 @@ def _token_descriptors(g: Geometry, layout: str, reads, writes, weights,
     if (g.interleaved or g.rotary_dim != g.head_dim or half & (half - 1)
             or half * min(t.element_size() for t in rows + weights) < 16
             or max(blocks + (g.head_dim,)) > 256  # a TMA block's dimensions: 256 at most
+            # a pipelined read's block under 1 KB: its stages' buffers in shared memory fall off
+            # TMA's alignment ("misaligned address" on the H100: fp32, 2 heads of 16)
+            or min(blocks) * half * rows[0].element_size() < 1024
             or layout not in ("bshd", "thd") or g.table == K.TABLE_COMPUTED):
         return None
     x = rows[0]
