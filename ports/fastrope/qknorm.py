@@ -151,17 +151,19 @@ TOKEN_BWD_WHOLE_ELEMENTS = 8192
 TOKEN_BWD_ELEMENTS_PER_WARP = 512
 TOKEN_BWD_STAGES = 1  # the whole-token loop's software-pipelining stages
 # Whole tokens read through TMA descriptors where the rows allow it (rotate-half, no tail, a
-# power-of-two half of at least 16 bytes, 16-byte aligned rows, tokens ordered batch-major:
-# bshd or thd; angles from tables; Hopper or later, or the interpreter): in TOKEN_BWD_TMA_STAGES
-# pipelining stages later tokens' rows wait in shared memory instead of registers, so more of the
-# stream is in flight. Tokens a program: as many as spread them over the SMs, a power of two, at
-# most TOKEN_BWD_TMA_TOKENS; a warp per TOKEN_BWD_TMA_ELEMENTS_PER_WARP. Swept on the H100 at
+# power-of-two half of at least 16 bytes, blocks of at least 1 KB, 16-byte aligned rows, tokens
+# ordered batch-major: bshd or thd; angles from tables; Hopper or later, or the interpreter) and a
+# program gets more than one token: in TOKEN_BWD_TMA_STAGES pipelining stages later tokens' rows
+# wait in shared memory instead of registers, so more of the stream is in flight. Tokens a
+# program: as many as spread them over the SMs, a power of two, at most TOKEN_BWD_TMA_TOKENS; a
+# warp per TOKEN_BWD_TMA_ELEMENTS_PER_WARP (by element size). Swept on the H100 and the H200 at
 # Qwen3-8B's 32/8 heads, bf16, full tables (tools/qknorm_launch_sweep.py --direction
-# token-backward-tma, results/README.md, "OLMo2's norm backward through TMA"): plain loads 79.8,
-# 299.0 and 593.5 us at 4k, 4 x 4k and 32k tokens; TMA on 8 warps, 3 stages, 32 tokens 63.2,
-# 258.7 and 510.5; 2 stages 78.3, 306.5 and 609.7. 4 warps took 55.0, 213.3 and 416.6 (79-80% of
-# a copy), but under Triton 3.6 they spill 232-388 bytes of registers on sm_90 in every variant
-# (the kernels compile without spills: tests/test_qknorm.py), so 8.
+# token-backward-tma, results/README.md, "OLMo2's norm backward on 4 warps, its tokens spread
+# over the SMs"): plain loads 79.5, 297.2 and 590.1 us at 4k, 4 x 4k and 32k tokens (H100); 4
+# warps, 3 stages, at most 512 tokens 56.3, 198.0 and 400.2 (77-85% of a copy); at most 32
+# tokens 56.6, 225.2 and 448.1; 8 warps 62.5, 228.8 and 448.9; 2 stages slower everywhere, 4 no
+# faster. The H200 chose the same. fp32 rows keep 8 warps: 224 registers on 4 (sm_90,
+# Triton 3.6), 4 bytes spilled where the strides are known divisible by 16.
 TOKEN_BWD_TMA = True
 TOKEN_BWD_TMA_TOKENS = 512
 TOKEN_BWD_TMA_STAGES = 3

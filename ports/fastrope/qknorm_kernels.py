@@ -561,11 +561,13 @@ def _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_d
     later tokens' rows in flight in shared memory while a token is computed; the weight comes
     once through ``w_desc`` (``[heads, D]``), dx leaves through ``dx_desc`` and the partial row
     through ``part_desc`` (``[programs, heads, D]``). Rows past the tensors read as 0 and are not
-    written, so no lane needs a mask. Why every one: a pointer load or store fixes its tensor's
-    register layout (the weight's fp32 rows one, dx's 16-bit rows another), and Triton then
-    computes the token twice, once in each layout; through descriptors the loop has one layout.
-    ptxas, sm_90, Triton 3.6, Qwen3-8B's 32 heads of 128 in bf16 on 4 warps: 255 registers and
-    244 bytes spilled with pointers, 168 and none so.
+    written, so no lane needs a mask. Why every one: where Triton cannot prove a launch's strides
+    divisible by 16, a pointer load or store fixes its tensor's register layout (the weight's
+    fp32 rows one, dx's 16-bit rows another) and the loop computes the token twice, once in each
+    layout; through descriptors it has one. ptxas, sm_90, Triton 3.6, Qwen3-8B's 32 heads of 128
+    in bf16 on 4 warps, strides not known divisible (the sm_90 compile test's build): 255
+    registers and 244 bytes spilled with pointers, 168 and none so. With strides divisible by 16
+    (Qwen3-8B's launch) both have one layout: 168 registers, 4 and 0 bytes spilled.
 
     Its per-token lines repeat pass 2 of :func:`_backward_token`: sharing them through helper
     functions reordered the instructions, and ptxas then spilled registers in the two-pass
