@@ -440,6 +440,21 @@ def qk_token_norm_rope_fwd_kernel(
 
 
 @triton.jit
+def _store_partial_rows(row_ptr, hh, acc1, acc2, acct, D: tl.constexpr, HALF: tl.constexpr,
+                        PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
+                        INTERLEAVED: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """A block of heads' weight-gradient sums [BLOCK_H, *] (pair members, tail) into its fp32
+    partial rows at ``row_ptr`` (``[BLOCK_H, 1]`` pointers, one row of D a head)."""
+    j, o1, o2 = _members(HALF, PAIR_BLOCK, INTERLEAVED)
+    pm = hh & (j < HALF)
+    tl.store(row_ptr + o1, acc1, mask=pm)
+    tl.store(row_ptr + o2, acc2, mask=pm)
+    if HAS_TAIL:
+        t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
+        tl.store(row_ptr + t, acct, mask=hh & (t < D))
+
+
+@triton.jit
 def _backward_token(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_desc, dx_ptr, w_ptr,
                     part_ptr, grp, tok0, T, S, n_heads, eps, pos_ptr, psb, pss, cos_ptr, sin_ptr,
                     inv_ptr, rows, tsr, tsc, sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds,
@@ -533,12 +548,8 @@ def _backward_token(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_desc, dx
                             rstd * (dz1 * w1 - xh1 * dot), rstd * (dz2 * w2 - xh2 * dot),
                             rstd * (gt * wt - xht * dot), D, HALF, PAIR_BLOCK, TAIL_BLOCK,
                             INTERLEAVED, HAS_TAIL)
-            prow = part_ptr + grp * n + h * D
-            tl.store(prow + o1, acc1, mask=hh & pm)
-            tl.store(prow + o2, acc2, mask=hh & pm)
-            if HAS_TAIL:
-                t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
-                tl.store(prow + t, acct, mask=hh & (t < D))
+            _store_partial_rows(part_ptr + grp * n + h * D, hh, acc1, acc2, acct, D, HALF,
+                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
 
 
 @triton.jit
@@ -635,12 +646,8 @@ def _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_d
         part_desc.store([gi, 0, 0], acc1.reshape(1, BLOCK_H, HALF))
         part_desc.store([gi, 0, HALF], acc2.reshape(1, BLOCK_H, HALF))
     else:
-        prow = part_ptr + grp * n + h * D
-        tl.store(prow + o1, acc1, mask=hh & pm)
-        tl.store(prow + o2, acc2, mask=hh & pm)
-        if HAS_TAIL:
-            t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
-            tl.store(prow + t, acct, mask=hh & (t < D))
+        _store_partial_rows(part_ptr + grp * n + h * D, hh, acc1, acc2, acct, D, HALF,
+                            PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
 
 
 @triton.jit
