@@ -117,6 +117,7 @@ def test_rows_and_their_refusals():
     gemma = next(s for s in bench.SHAPES if s.gemma)
     assert "1 + w" in vllm.refuses(gemma, torch.bfloat16)
     assert {"compiled unfused", "hf eager", "rms_norm + fastrope"} <= set(rows)
+    assert rows["compiled unfused token-norm"].norm == "token"
 
 
 def test_token_norm_oracle_over_all_heads():
@@ -133,6 +134,26 @@ def test_token_norm_oracle_over_all_heads():
     tiled = w.repeat(2)
     token = bench.oracle(shape, (q, q.clone(), tiled, tiled, cos, sin), "forward", norm="token")
     torch.testing.assert_close(token[0], per_head[0], rtol=1e-12, atol=1e-12)
+
+
+def test_unfused_token_norm_is_the_token_oracle():
+    """The compiled token-norm row's function (its norm in float32, as transformers computes it)
+    on float64 inputs: the norm over all of a token's heads with ``[heads * d]`` weights, then
+    RoPE; the oracle's answer to float32's rounding, and not the per-head norm's."""
+    shape = bench.Shape("t", 2, 3, 2, 2, 8)
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(2, 3, 2, 8, generator=gen, dtype=torch.float64) * (1 + torch.arange(2.0))
+            .view(1, 1, 2, 1) for _ in range(2))  # heads of different scales
+    qw, kw = (torch.randn(16, generator=gen, dtype=torch.float64) for _ in range(2))
+    cos, sin = rope_tables(3, 8, dtype=torch.float64)
+    got = bench.unfused_token(q, k, qw, kw, cos, sin, False)
+    want = bench.oracle(shape, (q, k, qw, kw, cos, sin), "forward", norm="token")
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+    w = qw[:8]  # the same weight on both heads: the norms alone tell the two apart
+    tiled = bench.unfused_token(q, k, w.repeat(2), w.repeat(2), cos, sin, False)
+    per_head = bench.unfused(q, k, w, w, cos, sin, False)
+    assert not torch.allclose(per_head[0], tiled[0], rtol=1e-2, atol=1e-2)
 
 
 @pytest.mark.gpu

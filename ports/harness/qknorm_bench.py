@@ -31,6 +31,8 @@ another form gets it built outside the timed call, and the table's ``input`` col
   computed in the kernel (``__sincosf``); outputs preallocated, only the kernel timed;
 * ``compiled unfused``: ``torch.compile(fullgraph=True)`` of transformers' norm then its
   rotate-half RoPE (what a user gets today by compiling the model; forward, backward);
+* ``compiled unfused token-norm``: the same for OLMo2's norm over a token's heads, with the
+  ``[heads * d]`` weights (the token-norm rows' compiled counterpart);
 * ``hf eager``: the same two steps in eager PyTorch;
 * ``rms_norm + fastrope``: fastrope's own unfused pair, ``torch.nn.functional.rms_norm`` (one
   RMSNorm kernel per tensor) then ``fastrope.apply_rope`` (one RoPE launch for q and k);
@@ -125,6 +127,15 @@ def unfused(q, k, qw, kw, cos, sin, gemma):
     return _hf_rope(qn, cos, sin), _hf_rope(kn, cos, sin)
 
 
+def unfused_token(q, k, qw, kw, cos, sin, gemma):
+    """OLMo2's form: transformers' RMSNorm over each token's heads at once (``[heads * d]``
+    weights), then its RoPE per head (the compiled token-norm row)."""
+    def norm(x, w):
+        b, s, h, d = x.shape
+        return _hf_norm(x.reshape(b, s, h * d), w, EPS, gemma).view(b, s, h, d)
+    return _hf_rope(norm(q, qw), cos, sin), _hf_rope(norm(k, kw), cos, sin)
+
+
 # ---- the packed-qkv peers' inputs, built outside the timed call ------------------------------
 def packed_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``[b*s, (hq + hk + hv) * d]``, contiguous: each token's q heads, then k's, then v's (what a
@@ -197,6 +208,11 @@ def _rows(shape: Shape) -> list[Row]:
     def compiled_unfused(q, k, qw, kw, cos, sin):
         return compiled(q, k, qw, kw, cos[:s], sin[:s], gemma)
 
+    compiled_token = torch.compile(unfused_token, fullgraph=True)
+
+    def compiled_unfused_token(q, k, qw, kw, cos, sin):
+        return compiled_token(q, k, qw, kw, cos[:s], sin[:s], gemma)
+
     def vllm_prepare(q, k, qw, kw, cos, sin):
         from ports.vllm_port import fused_qk_norm_rope
 
@@ -250,6 +266,8 @@ def _rows(shape: Shape) -> list[Row]:
             Row("flashinfer_port token-norm (fwd only)", PACKED_OUT, flashinfer_prepare,
                 backward=False, refuses=flashinfer_refuses, norm="token"),
             Row("compiled unfused", Q_K, direct(compiled_unfused)),
+            Row("compiled unfused token-norm", Q_K + ", norm over all heads",
+                direct(compiled_unfused_token), norm="token"),
             Row("hf eager", Q_K, direct(hf_eager)),
             Row("rms_norm + fastrope", Q_K, direct(rms_norm_fastrope)),
             Row("hf eager + fastrope", Q_K, direct(hf_fastrope))]
