@@ -162,8 +162,9 @@ TOKEN_BWD_STAGES = 1  # the whole-token loop's software-pipelining stages
 # over the SMs"): plain loads 79.5, 297.2 and 590.1 us at 4k, 4 x 4k and 32k tokens (H100); 4
 # warps, 3 stages, at most 512 tokens 56.3, 198.0 and 400.2 (77-85% of a copy); at most 32
 # tokens 56.6, 225.2 and 448.1; 8 warps 62.5, 228.8 and 448.9; 2 stages slower everywhere, 4 no
-# faster. The H200 chose the same. fp32 rows keep 8 warps: 224 registers on 4 (sm_90,
-# Triton 3.6), 4 bytes spilled where the strides are known divisible by 16.
+# faster. The H200 chose the same. fp32 rows keep 8 warps: on 4 (sm_90, Triton 3.6) 217-225
+# registers in the compile test's build, and 4 bytes spilled where the strides are known
+# divisible by 16.
 TOKEN_BWD_TMA = True
 TOKEN_BWD_TMA_TOKENS = 512
 TOKEN_BWD_TMA_STAGES = 3
