@@ -125,6 +125,16 @@ def _param_buffer():
     return buf
 
 
+def replay_words(lc: Launch, group: tuple[int, ...]) -> list[int]:
+    """``lc`` as replay.cpp's kernels read it: the CUfunction, grid, block, shared memory, the
+    inputs it rotates (``group``: 0 for q, 1 for k; -1 for none) and the per-problem bytes as
+    little-endian int64 words (their length first)."""
+    static = lc.static + bytes(-len(lc.static) % 8)
+    return [lc.function, *lc.grid, *lc.block, lc.shared_mem, group[0],
+            group[1] if len(group) > 1 else -1, len(static) // 8,
+            *struct.unpack(f"<{len(static) // 8}q", static)]
+
+
 def launch(lc: Launch, q_in: int, k_in: int, q_out: int, k_out: int, cos: int, sin: int,
            inv_freq: int, position_tensor: int, cu_seqlens: int, offset: int) -> None:
     """Pack the pointers (and the per-problem bytes if they changed) and launch on torch's

@@ -42,7 +42,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ports.fastrope import run
+from ports.fastrope import replay, run
 
 NAMESPACE = "fastrope"
 
@@ -55,7 +55,12 @@ _LIB.define(f"rope(Tensor q, Tensor? k, {_ARGUMENTS}, bool inverse) -> Tensor[]"
 _LIB.define(f"rope_(Tensor(a!) q, Tensor(b!)? k, {_ARGUMENTS}) -> ()", tags=_TAGS)
 _LIB.define(f"rope_out(Tensor q, Tensor? k, Tensor(a!) q_out, Tensor(b!)? k_out, "
             f"{_ARGUMENTS}, bool inverse) -> ()", tags=_TAGS)
-for _name in ("rope_", "rope_out"):
+# The Python implementations of the mutating ops, which replay.cpp's kernels call on a miss: each
+# returns what replaying later calls of its input key needs (run.replay_words).
+_LIB.define(f"plan_rope_(Tensor(a!) q, Tensor(b!)? k, {_ARGUMENTS}) -> (int[], Tensor?)")
+_LIB.define(f"plan_rope_out(Tensor q, Tensor? k, Tensor(a!) q_out, Tensor(b!)? k_out, "
+            f"{_ARGUMENTS}, bool inverse) -> (int[], Tensor?)")
+for _name in ("rope_", "rope_out", "plan_rope_", "plan_rope_out"):
     _LIB.m.register_ad_inplace_or_view_fallback(_name)
 
 
@@ -99,9 +104,32 @@ def _rope_out(q, k, q_out, k_out, cos, sin, positions, offsets, offset, cu_seqle
     torch.autograd.graph.increment_version(outs)
 
 
+def _plan_rope_(q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, style, layout,
+                rotary_dim, base, inv_freq, check_positions):
+    """``rope_``, then how to replay it (replay.cpp's miss path)."""
+    _rope_(q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen, style, layout,
+           rotary_dim, base, inv_freq, check_positions)
+    return run.replay_words(run.DESIGN, q, k, True, False, check_positions, cos, sin, positions,
+                            _offsets(offsets, offset), cu_seqlens, max_seqlen, style, layout,
+                            rotary_dim, base, inv_freq)
+
+
+def _plan_rope_out(q, k, q_out, k_out, cos, sin, positions, offsets, offset, cu_seqlens,
+                   max_seqlen, style, layout, rotary_dim, base, inv_freq, check_positions,
+                   inverse):
+    """``rope_out``, then how to replay it (replay.cpp's miss path)."""
+    _rope_out(q, k, q_out, k_out, cos, sin, positions, offsets, offset, cu_seqlens, max_seqlen,
+              style, layout, rotary_dim, base, inv_freq, check_positions, inverse)
+    return run.replay_words(run.DESIGN, q, k, False, inverse, check_positions, cos, sin,
+                            positions, _offsets(offsets, offset), cu_seqlens, max_seqlen, style,
+                            layout, rotary_dim, base, inv_freq, _inputs(q_out, k_out))
+
+
 _LIB.impl("rope", _rope, "CompositeExplicitAutograd")
 _LIB.impl("rope_", _rope_, "CompositeExplicitAutograd")
 _LIB.impl("rope_out", _rope_out, "CompositeExplicitAutograd")
+_LIB.impl("plan_rope_", _plan_rope_, "CompositeExplicitAutograd")
+_LIB.impl("plan_rope_out", _plan_rope_out, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake(f"{NAMESPACE}::rope", lib=_LIB)
@@ -188,3 +216,7 @@ def _rope_autograd(q, k, cos, sin, positions, offsets, offset, cu_seqlens, max_s
 
 _LIB.impl("rope", _rope_autograd, "Autograd")
 
+
+# ---- the mutating ops' C++ kernels on CUDA tensors (replay.py) --------------------------------
+if torch.cuda.is_available():
+    replay.load()

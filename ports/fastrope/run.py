@@ -244,6 +244,49 @@ def rotate_positional(planner: Planner, q, k, in_place, inverse, check_positions
     return outs[0] if k is None else tuple(outs)
 
 
+REPLAY_FORMAT = 1  # the first of replay_words's words (replay.cpp's kFormat)
+
+
+def replay_words(planner: Planner, q, k, in_place, inverse, check_positions, cos, sin, positions,
+                 offsets, cu_seqlens, max_seqlen, style, layout, rotary_dim, base, inv_freq,
+                 out=None) -> tuple[list[int], torch.Tensor | None]:
+    """After :func:`rotate_positional` with the same arguments: how replay.cpp may make the
+    launches of later calls of this input key with no Python, or ``([], None)`` where each call
+    needs Python (a key that is not cacheable, a position check with something to read, tables
+    copied or frequencies converted per call, an inverse rotation with k sharing q's memory).
+
+    The words: :data:`REPLAY_FORMAT`, the device, its primary context, where the fp64
+    frequencies come from (0: no frequencies, the tables as given; 1: the call's ``inv_freq``;
+    2: the returned tensor, the default frequencies), the byte spans of the inputs and given
+    outputs (their count first), then the launches (their count first), each as
+    :func:`launcher.replay_words` writes it."""
+    no = [], None
+    if in_place:
+        out = None
+    key = problem.input_key(q, k, cos, sin, positions, offsets, cu_seqlens, max_seqlen, style,
+                            layout, rotary_dim, base, inv_freq, (in_place, inverse), out)
+    entry = None if key is None else planner.entries.get(key)
+    if entry is None or entry.launches is None or (check_positions and entry.checks):
+        return no
+    if inverse and k is not None and k.numel() and k.data_ptr() == q.data_ptr():
+        return no
+    p, kept = entry.problem, None
+    if entry.direct:
+        frequencies = 0
+    elif p.computed and inv_freq is None:
+        frequencies, kept = 2, p.default_inv_freq
+    elif p.computed and _call_tensors(p, q, cos, sin, inv_freq)[2] is inv_freq:
+        frequencies = 1  # already fp64, contiguous, on q's device
+    else:
+        return no
+    device = q.get_device()
+    words = [REPLAY_FORMAT, device, launcher.primary_context(device), frequencies,
+             len(entry.spans), *entry.spans, len(entry.launches)]
+    for lc, group in entry.launches:
+        words += launcher.replay_words(lc, group)
+    return words, kept
+
+
 # apply_rope's keywords after q and k, with their defaults (the validation's arguments).
 ARGUMENT_DEFAULTS = dict(cos=None, sin=None, positions=None, offsets=None, cu_seqlens=None,
                           max_seqlen=None, style="rotate_half", layout="bshd", rotary_dim=None,
