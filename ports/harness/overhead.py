@@ -204,9 +204,13 @@ def _measured() -> tuple[str, list[list[str]]]:
     out = torch.empty_like(x)
     rows.append(["(GPU time of one leetcuda launch)",
                  f"{median_us(lambda: leetcuda.rope_f32(x, out)):.1f}", "", ""])
+    from ports.fastrope import replay
+
+    kernels = ("C++ (replay.cpp)" if replay.loaded()
+               else f"Python ({replay.reason})")
     title = (f"host time per call, tiny input (q[1, 1, 4, 64] fp32), "
              f"{torch.cuda.get_device_name()}: {ROUNDS} interleaved rounds of {CALLS} calls, each "
-             f"timed alone")
+             f"timed alone; the mutating ops' kernels: {kernels}")
     return title, rows
 
 
