@@ -16,7 +16,8 @@ returns new contiguous tensors (q's rotated, or ``(q, k)``); ``apply_rope_inplac
 (and k) in place and returns them. ``MODULE`` is rope.cu as a ``ports._cupy.CudaModule``.
 
 The modules, in call order: api.py (the public functions), ops.py (the same as the custom ops
-``torch.ops.fastrope.rope`` and ``rope_``, for torch.compile and tracing), run.py (one call end
+``torch.ops.fastrope.rope``, ``rope_`` and ``rope_out``, for torch.compile and tracing; replay.py
+builds replay.cpp, their C++ kernels on CUDA tensors), run.py (one call end
 to end, and its autograd), problem.py (the host checks), plan.py (the launch plan: a table of
 named rules), launcher.py (the packed launch), kernel.py (rope.cu's instantiations), limits.py
 (what validation and planning share); hf.py is a drop-in for Hugging Face transformers'
