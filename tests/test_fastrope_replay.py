@@ -21,8 +21,8 @@ BUILD_TOOLS = (torch.version.cuda is not None and shutil.which("c++") is not Non
 @pytest.mark.skipif(not BUILD_TOOLS, reason="needs a CUDA build of torch, a C++ compiler and "
                                             "ninja to build replay.cpp")
 def test_replay_cpp_builds_and_serves_the_mutating_ops_on_cuda(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    replay.build()
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))  # built here unless already loaded
+    assert replay.build() == replay.build()  # one copy a process
     for name in ("rope_", "rope_out"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"fastrope::{name}", "CUDA")
     counts = torch.ops.fastrope.replay_counts()

@@ -29,6 +29,8 @@ ENVIRONMENT = "FASTROPE_REPLAY"
 reason: str | None = "not loaded yet"
 """None once replay.cpp's kernels are registered, else why they are not."""
 
+_library: str | None = None  # the built library, once loaded (a second copy would register twice)
+
 
 def disabled() -> bool:
     """Whether the environment asks for the Python kernels (``FASTROPE_REPLAY=0``)."""
@@ -61,16 +63,20 @@ def _cuda_headers() -> list[str]:
 def build(verbose: bool = False) -> str:
     """Build replay.cpp (or find it built) and load it into the process; returns the library's
     path. Needs a CUDA build of torch, a C++ compiler, ninja and the CUDA headers; raises where
-    one is missing."""
+    one is missing. Once loaded, returns the same library (the process holds one copy)."""
+    global _library
     from torch.utils import cpp_extension
 
+    if _library is not None:
+        return _library
     if torch.version.cuda is None:
         raise RuntimeError("torch is a build without CUDA")
     source = resources.files("ports.fastrope").joinpath(SOURCE)
     with resources.as_file(source) as path:  # host code: torch's CPU flags, c10's CUDA library
-        return cpp_extension.load(
+        _library = cpp_extension.load(
             NAME, [str(path)], extra_cflags=["-O2"], extra_ldflags=["-ldl", "-lc10_cuda"],
             extra_include_paths=_cuda_headers(), is_python_module=False, verbose=verbose)
+    return _library
 
 
 def load() -> bool:
