@@ -8,11 +8,12 @@ and launched on torch's current stream); any other call runs the Python implemen
 its launches back to be replayed. ``torch.ops.fastrope.replay_counts()`` gives
 ``[replayed, planned]``, the calls of each kind since the process began.
 
-:func:`load` builds replay.cpp with ``torch.utils.cpp_extension`` once per source and torch
-(in torch's extension cache, ``TORCH_EXTENSIONS_DIR``; a C++ compiler, ninja and the CUDA
-headers are needed) and registers its kernels. ops.py calls it on import where CUDA is
-available; ``FASTROPE_REPLAY=0`` keeps the Python kernels. Where the build fails, the ops keep
-their Python kernels (the same results, more host time per call) and :data:`reason` says why.
+:func:`load` builds replay.cpp with ``torch.utils.cpp_extension`` once per source and torch (in
+torch's extension cache, ``TORCH_EXTENSIONS_DIR``; a C++ compiler, ninja (a dependency) and the
+CUDA headers (the toolkit's, or Triton's copy) are needed) and registers its kernels. ops.py calls
+it on import where CUDA is available; ``FASTROPE_REPLAY=0`` keeps the Python kernels. Where the
+build fails, the ops keep their Python kernels (the same results, more host time per call) and
+:data:`reason` says why.
 """
 from __future__ import annotations
 
