@@ -383,10 +383,9 @@ def _token_paths(monkeypatch, passes: str) -> list[bool]:
 
 
 def _tma_reads(monkeypatch, tma: bool) -> list[bool]:
-    """TOKEN_FWD_TMA and TOKEN_BWD_TMA set to ``tma``, on one SM (the interpreter's count, on a
-    GPU too: these cases' few tokens then give a program more than one, where TMA serves);
-    returns, per whole-token launch that could read through TMA, whether it did, recorded."""
-    monkeypatch.setattr(qknr, "TOKEN_FWD_TMA", tma)
+    """TOKEN_BWD_TMA set to ``tma``, on one SM (the interpreter's count, on a GPU too: these
+    cases' few tokens then give a program more than one, where TMA serves); returns, per
+    whole-token backward that could read through TMA, whether it did, recorded."""
     monkeypatch.setattr(qknr, "TOKEN_BWD_TMA", tma)
     monkeypatch.setattr(qknr, "_sms", lambda device: 1)
     reads, descriptors = [], qknr._token_descriptors
@@ -400,33 +399,18 @@ def _tma_reads(monkeypatch, tma: bool) -> list[bool]:
     return reads
 
 
-@pytest.mark.parametrize("passes", ["whole tokens, TMA", "whole tokens", "blocks of heads"])
+@pytest.mark.parametrize("passes", ["whole tokens", "blocks of heads"])
 @pytest.mark.parametrize("case", TOKEN_CASES, ids=TOKEN_IDS)
 def test_token_norm_forward(monkeypatch, case, passes):
-    """Every forward: a token's heads whole, read once (these heads fit; angles from tables),
-    through TMA descriptors where the case allows it and else plain loads, or plain loads only;
-    and in blocks of one or two heads (the last block partial where the heads are odd), read
-    twice (and angles computed in the kernel)."""
+    """Both forwards: a token's heads whole, read once (these heads fit; angles from tables), and
+    in blocks of one or two heads (the last block partial where the heads are odd), read twice
+    (and angles computed in the kernel)."""
     paths = _token_paths(monkeypatch, passes)
-    reads = _tma_reads(monkeypatch, passes == "whole tokens, TMA")
     monkeypatch.setattr(qknr, "TOKEN_FWD_BLOCK_ELEMENTS", 16)
     check_forward(case)
     check_forward(case, in_place=True)
-    whole = passes != "blocks of heads" and case.source != "computed"
+    whole = passes == "whole tokens" and case.source != "computed"
     assert len(paths) == 2 and set(paths) == {whole}
-    tma = passes == "whole tokens, TMA" and whole
-    assert reads == ([TOKEN_TMA[TOKEN_IDS[TOKEN_CASES.index(case)]]] * 2 if tma else [])
-
-
-def test_token_norm_forward_several_tokens_per_program(monkeypatch):
-    """Through TMA, groups of 8 tokens (the last partly past the end), 3 q heads in a block of 4
-    (the fourth past the tensor): correct out of place and in place."""
-    monkeypatch.setattr(qknr, "TOKEN_FWD_TMA_TOKENS", 8)
-    reads = _tma_reads(monkeypatch, True)
-    c = Case(b=3, s=7, hq=3, hk=2, d=256, norm="token")  # TMA blocks of 1 KB+
-    check_forward(c)
-    check_forward(c, in_place=True)
-    assert reads == [True, True]
 
 
 BACKWARD_PASSES = ["whole tokens, TMA", "whole tokens", "blocks of heads"]
@@ -682,8 +666,7 @@ def signature(fn, dtype, consts):
     for x, heads in (("q", consts["BLOCK_HQ"]), ("k", consts["BLOCK_HK"])):
         for name in (x + "_desc", "g" + x + "_desc"):  # the TMA descriptors' blocks
             types[name] = f"tensordesc<{dtype}[1, 1, {heads}, {half}]>"
-        for name in ("d" + x + "_desc", x + "o_desc"):  # the rows written
-            types[name] = f"tensordesc<{dtype}[1, 1, {heads}, {consts['D']}]>"
+        types["d" + x + "_desc"] = f"tensordesc<{dtype}[1, 1, {heads}, {consts['D']}]>"
         types[x + "w_desc"] = f"tensordesc<fp32[{heads}, {half}]>"
         types[x + "part_desc"] = f"tensordesc<fp32[1, {heads}, {half}]>"
     return {n: "constexpr" if n in consts else "*" + dtype if n in POINTERS
@@ -719,13 +702,8 @@ for fn, extra, elements, warps in (
                                            "STAGES": Q.TOKEN_BWD_TMA_STAGES,
                                            "TABLES_ONLY": True},
          Q.TOKEN_BWD_WHOLE_ELEMENTS,
-         None),
-        (K.qk_token_norm_rope_fwd_tma_kernel, {"TOKENS_PER_PROGRAM": Q.TOKEN_FWD_TMA_TOKENS,
-                                               "STAGES": Q.TOKEN_FWD_TMA_STAGES, "tsc": 1,
-                                               "TABLES_ONLY": True},
-         Q.TOKEN_FWD_WHOLE_ELEMENTS, None)):
-    forward_tma = fn is K.qk_token_norm_rope_fwd_tma_kernel
-    tma = extra.get("TMA", False) or forward_tma
+         None)):
+    tma = extra.get("TMA", False)
     # the one-pass forward and the TMA backward never compute angles (the launcher's rule)
     computed = K.TABLE_FULL if extra.pop("TABLES_ONLY", False) else K.TABLE_COMPUTED
     for dtype, table, interleaved, tail in (("bf16", K.TABLE_HALF, False, False),
@@ -740,8 +718,7 @@ for fn, extra, elements, warps in (
                       HAS_POS=tail, GEMMA=tail, HAS_TAIL=tail, **extra)
         if tma:  # the launcher's warps for 32 heads of 128, by element size
             item = 4 if dtype == "fp32" else 2
-            warps = (32 * 128 // Q.TOKEN_FWD_TMA_ELEMENTS_PER_WARP[item] if forward_tma else
-                     max(Q.BACKWARD_WARPS, 32 * 128 // Q.TOKEN_BWD_TMA_ELEMENTS_PER_WARP[item]))
+            warps = max(Q.BACKWARD_WARPS, 32 * 128 // Q.TOKEN_BWD_TMA_ELEMENTS_PER_WARP[item])
         k = triton.compile(ASTSource(fn, signature(fn, dtype, consts), consts),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
         ptxas = shutil.which("ptxas")
@@ -768,9 +745,9 @@ for dtype in ("bf16", "fp16", "fp32"):
 
 
 def test_kernels_compile_for_sm90_without_spills():
-    """The five kernels (per-head and per-token norm, forward and backward; the token norm's
-    forward and backward each whole and in blocks of heads, and whole through TMA descriptors),
-    three variants each
+    """The four kernels (per-head and per-token norm, forward and backward; the token norm's
+    forward and backward each whole and in blocks of heads, the backward's whole tokens also
+    through TMA descriptors), three variants each
     (dtypes, table forms, styles, tails, positions), and the weight gradients' reduction, compiled
     to sm_90 PTX by Triton (and through ptxas, with no register spill, when it is on PATH): a
     typing error the interpreter lets through fails here."""
@@ -784,4 +761,4 @@ def test_kernels_compile_for_sm90_without_spills():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SM90], capture_output=True, text=True,
                        cwd=root, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("compiled") == 27
+    assert r.stdout.count("compiled") == 24

@@ -23,13 +23,11 @@ row): ``TOKEN_BWD_WHOLE_ELEMENTS`` (0: every token in two passes over blocks of 
 ``TOKEN_FWD_ELEMENTS_PER_WARP``; ``--direction token-backward-tma`` the backward's whole tokens
 read through TMA descriptors: ``TOKEN_BWD_TMA`` (0: plain loads, the token-backward settings),
 ``TOKEN_BWD_TMA_ELEMENTS_PER_WARP``, ``TOKEN_BWD_TMA_TOKENS`` (the most tokens a program) and
-``TOKEN_BWD_TMA_STAGES``; ``--direction token-forward-tma`` the forward's whole tokens through
-TMA descriptors, out of place and in place: ``TOKEN_FWD_TMA`` (0: the one-pass plain kernel)
-and the same three. The token directions have no torch.compile row. A results data file with
-``--json``:
+``TOKEN_BWD_TMA_STAGES``. The token directions have no torch.compile row. A results data file
+with ``--json``:
 
     python -m tools.qknorm_launch_sweep [--direction forward|backward|token-forward|token-backward
-                                          |token-backward-tma|token-forward-tma]
+                                          |token-backward-tma]
         [--shapes NAME ...] [--json FILE] [--commit SHA]
 """
 from __future__ import annotations
@@ -89,17 +87,8 @@ def token_backward_tma_settings() -> list[tuple[int, int, int, int]]:
         (512, 1024), (32, 128, 512), (2, 3, 4))]
 
 
-def token_forward_tma_settings() -> list[tuple[int, int, int, int]]:
-    """(TMA, elements a warp, most tokens a program, stages): the one-pass plain kernel (0), and
-    TMA on 2 to 8 warps (32 heads of 128), at most 32 to 512 tokens a program, 2 to 4 stages."""
-    return [(0, 1024, 32, 3)] + [(1, e, t, s) for e, t, s in itertools.product(
-        (512, 1024, 2048), (32, 128, 512), (2, 3, 4))]
-
-
 _TOKEN_CONSTANTS = {
     "token-forward": ("TOKEN_FWD_WHOLE_ELEMENTS", "TOKEN_FWD_ELEMENTS_PER_WARP"),
-    "token-forward-tma": ("TOKEN_FWD_TMA", "TOKEN_FWD_TMA_ELEMENTS_PER_WARP",
-                          "TOKEN_FWD_TMA_TOKENS", "TOKEN_FWD_TMA_STAGES"),
     "token-backward": ("TOKEN_BWD_WHOLE_ELEMENTS", "TOKEN_BWD_ELEMENTS_PER_WARP",
                        "LONG_RUN_TOKENS", "TOKEN_BWD_STAGES"),
     "token-backward-tma": ("TOKEN_BWD_TMA", "TOKEN_BWD_TMA_ELEMENTS_PER_WARP",
@@ -237,10 +226,7 @@ COLUMNS = {"forward": ["shape", "block elements", "warps", "out of place (us)", 
            "token-backward": ["shape", "whole-token elements", "elements a warp",
                               "tokens a program", "stages", "backward (us)", "% copy"],
            "token-backward-tma": ["shape", "TMA", "elements a warp", "most tokens a program",
-                                  "stages", "backward (us)", "% copy"],
-           "token-forward-tma": ["shape", "TMA", "elements a warp", "most tokens a program",
-                                 "stages", "out of place (us)", "% copy", "in place (us)",
-                                 "% copy"]}
+                                  "stages", "backward (us)", "% copy"]}
 
 
 def main(argv=None) -> int:
@@ -264,8 +250,7 @@ def main(argv=None) -> int:
     settings = {"forward": forward_settings, "backward": backward_settings,
                 "token-forward": token_forward_settings,
                 "token-backward": token_backward_settings,
-                "token-backward-tma": token_backward_tma_settings,
-                "token-forward-tma": token_forward_tma_settings}[args.direction]()
+                "token-backward-tma": token_backward_tma_settings}[args.direction]()
     if args.settings:
         try:
             settings = [tuple(int(v) for v in t.split(",")) for t in args.settings]

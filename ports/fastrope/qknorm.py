@@ -131,15 +131,6 @@ HEAD_FWD_WARPS = 1
 TOKEN_FWD_WHOLE_ELEMENTS = 8192
 TOKEN_FWD_ELEMENTS_PER_WARP = 2048
 TOKEN_FWD_BLOCK_ELEMENTS = 2048
-# Whole tokens read and written through TMA descriptors where the rows allow it (the backward's
-# conditions below) and a program gets more than one token: TOKEN_FWD_TMA_STAGES pipelining
-# stages keep later tokens' rows in shared memory, not registers; tokens a program spread over
-# the SMs, a power of two, at most TOKEN_FWD_TMA_TOKENS; a warp per
-# TOKEN_FWD_TMA_ELEMENTS_PER_WARP (by element size). First values: the backward's (not swept).
-TOKEN_FWD_TMA = True
-TOKEN_FWD_TMA_TOKENS = 512
-TOKEN_FWD_TMA_STAGES = 3
-TOKEN_FWD_TMA_ELEMENTS_PER_WARP = {2: 1024, 4: 512}  # by element size
 # The backward holds x, dy, the weight and the partial sums: a quarter of the forward's block
 # (at 1024 an fp32 head of 96 channels, padded to 128, spilled registers on sm_90). This is the
 # token-norm backward's; the per-head backward's is HEAD_BWD_BLOCK_ELEMENTS.
@@ -413,9 +404,8 @@ def _token_blocks(g: Geometry, block_elements: int, block_warps: int, whole_elem
 
 def _token_descriptors(g: Geometry, layout: str, reads, writes, weights,
                        blocks) -> tuple | None:
-    """TMA descriptors for the whole-token kernels, or None where TMA cannot serve them: over
-    each of ``reads`` (the backward's q, k, dq_out, dk_out; the forward's q, k) and ``writes``
-    (dq, dk; the outputs) as ``[batch, seq, heads,
+    """TMA descriptors for the whole-token backward, or None where TMA cannot serve it: over each
+    of ``reads`` (q, k, dq_out, dk_out) and ``writes`` (dq, dk) as ``[batch, seq, heads,
     head_dim]``, blocks of ``[1, 1, heads a block, head_dim / 2]`` (a token's rows, split into
     pair members) to read and ``[1, 1, heads a block, head_dim]`` to write; then over each of
     ``weights`` as ``[heads, head_dim]``, blocks of ``[heads a block, head_dim / 2]``;
@@ -515,21 +505,6 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
             g, TOKEN_FWD_BLOCK_ELEMENTS, TOKEN_FWD_WARPS,
             0 if g.table == K.TABLE_COMPUTED else TOKEN_FWD_WHOLE_ELEMENTS,
             TOKEN_FWD_ELEMENTS_PER_WARP, 1)
-        descs = None
-        if whole_token and TOKEN_FWD_TMA and g.tokens > _sms(q.device):
-            descs = _token_descriptors(g, layout, (q, k), (qo, ko), (q_weight, k_weight),
-                                       (bq, bk))
-        if descs is not None:
-            p2 = triton.next_power_of_2
-            tpp = min(TOKEN_FWD_TMA_TOKENS, p2(triton.cdiv(g.tokens, _sms(q.device))))
-            per_warp = TOKEN_FWD_TMA_ELEMENTS_PER_WARP[q.element_size()]
-            with _triton.device_guard(q.device):
-                K.qk_token_norm_rope_fwd_tma_kernel[(triton.cdiv(g.tokens, tpp), 2)](
-                    *descs, *ptrs, g.tokens, g.seqlen, g.q_heads, g.k_heads,
-                    max(g.table_rows, 1), float(eps), BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma,
-                    TOKENS_PER_PROGRAM=tpp, STAGES=TOKEN_FWD_TMA_STAGES,
-                    num_warps=max(1, bq * p2(g.head_dim) // per_warp), **kw)
-            return qo, ko
         with _triton.device_guard(q.device):
             K.qk_token_norm_rope_fwd_kernel[(g.tokens, 2)](
                 q, k, qo, ko, q_weight, k_weight, *ptrs,

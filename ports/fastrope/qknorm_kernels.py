@@ -553,62 +553,6 @@ def _backward_token(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_desc, dx
 
 
 @triton.jit
-def _forward_tokens_tma(x_desc, o_desc, w_desc, tok0, T, S, n_heads, eps, pos_ptr, psb, pss,
-                        cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, D: tl.constexpr,
-                        HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
-                        BLOCK_H: tl.constexpr, TABLE: tl.constexpr, HAS_POS: tl.constexpr,
-                        GEMMA: tl.constexpr, TOKENS_PER_PROGRAM: tl.constexpr,
-                        STAGES: tl.constexpr):
-    """:func:`_forward_token` for tokens tok0 .. tok0 + TOKENS_PER_PROGRAM - 1, each with every
-    head in one block (n_heads <= BLOCK_H), through TMA descriptors (rotate-half, no tail): x
-    comes through ``x_desc`` (:func:`_load_rows_tma`) in a loop of STAGES pipelining stages,
-    so later tokens' rows wait in shared memory, not registers, while a token is computed; the
-    weight comes once through ``w_desc`` (``[heads, D]``) and y leaves through ``o_desc``
-    (:func:`_store_rows_tma`). Rows past the tensors read as 0 and are not written."""
-    n = n_heads * D
-    w1 = w_desc.load([0, 0]).to(tl.float32)
-    w2 = w_desc.load([0, HALF]).to(tl.float32)
-    if GEMMA:
-        w1 = w1 + 1.0
-        w2 = w2 + 1.0
-    for i in tl.range(TOKENS_PER_PROGRAM, num_stages=STAGES):
-        tok = tok0 + i
-        b = tok // S
-        s = tok - b * S
-        c1, s1, c2, s2 = _angles(b, s, tok < T, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
-                                 rows, tsr, tsc, HALF, PAIR_BLOCK, False, TABLE, HAS_POS)
-        x1, x2, xt = _load_rows_tma(x_desc, b, s, BLOCK_H, HALF, TAIL_BLOCK)
-        rstd = tl.rsqrt((_sum_all(x1 * x1) + _sum_all(x2 * x2)) / n + eps)
-        z1 = x1 * rstd * w1
-        z2 = x2 * rstd * w2
-        _store_rows_tma(o_desc, b, s, z1 * c1 - z2 * s1, z2 * c2 + z1 * s2, BLOCK_H, HALF)
-
-
-@triton.jit
-def qk_token_norm_rope_fwd_tma_kernel(
-        q_desc, k_desc, qo_desc, ko_desc, qw_desc, kw_desc, cos_ptr, sin_ptr, inv_ptr, pos_ptr,
-        T, S, HQ, HK, rows, eps, tsr, tsc, psb, pss,
-        D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
-        BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
-        TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
-        HAS_TAIL: tl.constexpr, TOKENS_PER_PROGRAM: tl.constexpr, STAGES: tl.constexpr):
-    """Grid (token groups, 2): :func:`qk_token_norm_rope_fwd_kernel`'s whole tokens, q (y 0) and
-    k (y 1), TOKENS_PER_PROGRAM a program, through the six descriptors of the host's
-    ``_token_descriptors`` (``INTERLEAVED`` and ``HAS_TAIL`` are always off here)."""
-    tok0 = tl.program_id(0).to(tl.int64) * TOKENS_PER_PROGRAM
-    if tl.program_id(1) == 0:
-        _forward_tokens_tma(q_desc, qo_desc, qw_desc, tok0, T, S, HQ, eps, pos_ptr, psb, pss,
-                            cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, D, HALF, PAIR_BLOCK,
-                            TAIL_BLOCK, BLOCK_HQ, TABLE, HAS_POS, GEMMA, TOKENS_PER_PROGRAM,
-                            STAGES)
-    else:
-        _forward_tokens_tma(k_desc, ko_desc, kw_desc, tok0, T, S, HK, eps, pos_ptr, psb, pss,
-                            cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, D, HALF, PAIR_BLOCK,
-                            TAIL_BLOCK, BLOCK_HK, TABLE, HAS_POS, GEMMA, TOKENS_PER_PROGRAM,
-                            STAGES)
-
-
-@triton.jit
 def _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_desc, dx_ptr,
                            w_ptr, part_ptr, grp, tok0, T, S, n_heads, eps, pos_ptr, psb, pss,
                            cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, sxb, sxs, sxh, sxd, sgb,
