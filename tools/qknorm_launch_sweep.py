@@ -22,9 +22,9 @@ row): ``TOKEN_BWD_WHOLE_ELEMENTS`` (0: every token in two passes over blocks of 
 ``TOKEN_FWD_WHOLE_ELEMENTS`` (0: two passes over blocks of heads) and
 ``TOKEN_FWD_ELEMENTS_PER_WARP``; ``--direction token-backward-tma`` the backward's whole tokens
 read through TMA descriptors: ``TOKEN_BWD_TMA`` (0: plain loads, the token-backward settings),
-``TOKEN_BWD_TMA_ELEMENTS_PER_WARP``, ``TOKEN_BWD_TMA_TOKENS`` (the most tokens a program) and
-``TOKEN_BWD_TMA_STAGES``. The token directions have no torch.compile row. A results data file
-with ``--json``:
+``TOKEN_BWD_TMA_ELEMENTS_PER_WARP``, ``TOKEN_BWD_TMA_TOKENS`` (the most tokens a program),
+``TOKEN_BWD_TMA_STAGES`` and ``TOKEN_BWD_TMA_PROGRAMS_PER_SM``. The token directions have no
+torch.compile row. A results data file with ``--json``:
 
     python -m tools.qknorm_launch_sweep [--direction forward|backward|token-forward|token-backward
                                           |token-backward-tma]
@@ -80,11 +80,13 @@ def token_forward_settings() -> list[tuple[int, int]]:
     return [(0, 512)] + [(8192, e) for e in (256, 512, 1024, 2048)]
 
 
-def token_backward_tma_settings() -> list[tuple[int, int, int, int]]:
-    """(TMA, elements a warp, most tokens a program, stages): plain loads (0), and TMA on 4 or
-    8 warps (32 heads of 128), at most 32 to 512 tokens a program, 2 to 4 stages."""
-    return [(0, 1024, 32, 3)] + [(1, e, t, s) for e, t, s in itertools.product(
-        (512, 1024), (32, 128, 512), (2, 3, 4))]
+def token_backward_tma_settings() -> list[tuple[int, int, int, int, int]]:
+    """(TMA, elements a warp, most tokens a program, stages, q programs an SM): plain loads (0),
+    and TMA on 4 or 8 warps (32 heads of 128), at most 32 to 512 tokens a program, 2 to 4
+    stages, the tokens spread over 1 q program an SM; and 4 warps, 3 stages, 1 to 4 programs an
+    SM."""
+    return [(0, 1024, 32, 3, 1)] + [(1, e, t, s, 1) for e, t, s in itertools.product(
+        (512, 1024), (32, 128, 512), (2, 3, 4))] + [(1, 1024, 512, 3, p) for p in (2, 4)]
 
 
 _TOKEN_CONSTANTS = {
@@ -92,7 +94,8 @@ _TOKEN_CONSTANTS = {
     "token-backward": ("TOKEN_BWD_WHOLE_ELEMENTS", "TOKEN_BWD_ELEMENTS_PER_WARP",
                        "LONG_RUN_TOKENS", "TOKEN_BWD_STAGES"),
     "token-backward-tma": ("TOKEN_BWD_TMA", "TOKEN_BWD_TMA_ELEMENTS_PER_WARP",
-                           "TOKEN_BWD_TMA_TOKENS", "TOKEN_BWD_TMA_STAGES")}
+                           "TOKEN_BWD_TMA_TOKENS", "TOKEN_BWD_TMA_STAGES",
+                           "TOKEN_BWD_TMA_PROGRAMS_PER_SM")}
 
 
 @contextlib.contextmanager
@@ -226,7 +229,7 @@ COLUMNS = {"forward": ["shape", "block elements", "warps", "out of place (us)", 
            "token-backward": ["shape", "whole-token elements", "elements a warp",
                               "tokens a program", "stages", "backward (us)", "% copy"],
            "token-backward-tma": ["shape", "TMA", "elements a warp", "most tokens a program",
-                                  "stages", "backward (us)", "% copy"]}
+                                  "stages", "q programs an SM", "backward (us)", "% copy"]}
 
 
 def main(argv=None) -> int:

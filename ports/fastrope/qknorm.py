@@ -167,6 +167,7 @@ TOKEN_BWD_STAGES = 1  # the whole-token loop's software-pipelining stages
 # divisible by 16.
 TOKEN_BWD_TMA = True
 TOKEN_BWD_TMA_TOKENS = 512
+TOKEN_BWD_TMA_PROGRAMS_PER_SM = 1  # the tokens are spread over this many q programs an SM
 TOKEN_BWD_TMA_STAGES = 3
 TOKEN_BWD_TMA_ELEMENTS_PER_WARP = {2: 1024, 4: 512}  # by element size
 # The per-head backward's block by (element size, whether the head has an unrotated tail).
@@ -580,7 +581,8 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
                                        (q_weight, k_weight), (bq, bk))
         if descs is not None:
             p2 = triton.next_power_of_2
-            tpp = min(TOKEN_BWD_TMA_TOKENS, p2(triton.cdiv(g.tokens, _sms(q.device))))
+            tpp = min(TOKEN_BWD_TMA_TOKENS, p2(triton.cdiv(
+                g.tokens, TOKEN_BWD_TMA_PROGRAMS_PER_SM * _sms(q.device))))
             stages = TOKEN_BWD_TMA_STAGES
             per_warp = TOKEN_BWD_TMA_ELEMENTS_PER_WARP[q.element_size()]
             warps = max(BACKWARD_WARPS, bq * p2(g.head_dim) // per_warp)
