@@ -167,7 +167,10 @@ TOKEN_BWD_STAGES = 1  # the whole-token loop's software-pipelining stages
 # divisible by 16.
 TOKEN_BWD_TMA = True
 TOKEN_BWD_TMA_TOKENS = 512
-TOKEN_BWD_TMA_PROGRAMS_PER_SM = 1  # the tokens are spread over this many q programs an SM
+# The tokens are spread over this many q programs an SM: more, shorter pipelines were slower on
+# the H200 (results/README.md, "OLMo2's norm through TMA: tried and dropped"): 2 took 56.1, 185.1
+# and 360.8 us at 4k, 4 x 4k and 32k tokens against 1's 49.8, 175.3 and 345.4.
+TOKEN_BWD_TMA_PROGRAMS_PER_SM = 1
 TOKEN_BWD_TMA_STAGES = 3
 TOKEN_BWD_TMA_ELEMENTS_PER_WARP = {2: 1024, 4: 512}  # by element size
 # The per-head backward's block by (element size, whether the head has an unrotated tail).
