@@ -17,6 +17,7 @@ build fails, the ops keep their Python kernels (the same results, more host time
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import warnings
 from importlib import resources
@@ -24,7 +25,7 @@ from importlib import resources
 import torch
 
 SOURCE = "replay.cpp"
-NAME = "fastrope_replay"
+NAME = "fastrope_replay"  # the library's name, and its directory in the extension cache
 ENVIRONMENT = "FASTROPE_REPLAY"
 
 reason: str | None = "not loaded yet"
@@ -73,9 +74,13 @@ def build(verbose: bool = False) -> str:
     if torch.version.cuda is None:
         raise RuntimeError("torch is a build without CUDA")
     source = resources.files("ports.fastrope").joinpath(SOURCE)
+    # torch's cache rebuilds for a changed source or build flags, not for another torch with the
+    # same paths (an upgrade in place): the name carries torch's version, so each gets its own.
+    version = hashlib.sha1(f"{torch.__version__} {torch.version.cuda}".encode()).hexdigest()[:10]
     with resources.as_file(source) as path:  # host code: torch's CPU flags, c10's CUDA library
         _library = cpp_extension.load(
-            NAME, [str(path)], extra_cflags=["-O2"], extra_ldflags=["-ldl", "-lc10_cuda"],
+            f"{NAME}_{version}", [str(path)], extra_cflags=["-O2"],
+            extra_ldflags=["-ldl", "-lc10_cuda"],
             extra_include_paths=_cuda_headers(), is_python_module=False, verbose=verbose)
     return _library
 
