@@ -373,8 +373,8 @@ def _token_paths(monkeypatch, passes: str) -> list[bool]:
         monkeypatch.setattr(qknr, "TOKEN_BWD_WHOLE_ELEMENTS", 0)
     paths, blocks = [], qknr._token_blocks
 
-    def recorded(*args):
-        plan = blocks(*args)
+    def recorded(*args, **kwargs):
+        plan = blocks(*args, **kwargs)
         paths.append(plan[2])
         return plan
 
@@ -399,18 +399,52 @@ def _tma_reads(monkeypatch, tma: bool) -> list[bool]:
     return reads
 
 
-@pytest.mark.parametrize("passes", ["whole tokens", "blocks of heads"])
+@pytest.mark.parametrize("passes", ["whole tokens", "whole tokens, q and k apart",
+                                    "blocks of heads"])
 @pytest.mark.parametrize("case", TOKEN_CASES, ids=TOKEN_IDS)
 def test_token_norm_forward(monkeypatch, case, passes):
-    """Both forwards: a token's heads whole, read once (these heads fit; angles from tables), and
-    in blocks of one or two heads (the last block partial where the heads are odd), read twice
-    (and angles computed in the kernel)."""
+    """Every forward: a token's heads whole, read once (these heads fit; angles from tables), its
+    q and k in one program or in one each, and in blocks of one or two heads (the last block
+    partial where the heads are odd), read twice (and angles computed in the kernel)."""
     paths = _token_paths(monkeypatch, passes)
     monkeypatch.setattr(qknr, "TOKEN_FWD_BLOCK_ELEMENTS", 16)
+    monkeypatch.setitem(qknr.FORCED, "TOKEN_FWD_QK_TOGETHER", int(passes == "whole tokens"))
     check_forward(case)
     check_forward(case, in_place=True)
-    whole = passes == "whole tokens" and case.source != "computed"
+    whole = passes.startswith("whole tokens") and case.source != "computed"
     assert len(paths) == 2 and set(paths) == {whole}
+
+
+def test_token_forward_warps_hold_q_and_k(monkeypatch):
+    """The whole-token forward's program holds a token's q rows and k rows: its warps are the
+    power of two at or below their elements over TOKEN_FWD_ELEMENTS_PER_WARP (Qwen3-8B's 32 + 8
+    heads of 128: 2; 32 + 16: 2, not 3), and the launcher halves the elements a warp where a
+    tensor's channels are strided (each element then loads alone, an address register each)."""
+    from types import SimpleNamespace
+
+    def warps(hq, hk, elements_per_warp, both=True):
+        g = SimpleNamespace(q_heads=hq, k_heads=hk, head_dim=128)
+        return qknr._token_blocks(g, 2048, 4, 8192, elements_per_warp, 1, both_tensors=both)[3]
+
+    assert (warps(32, 8, 2048), warps(32, 16, 2048), warps(32, 32, 2048)) == (2, 2, 4)
+    assert (warps(32, 8, 1024), warps(32, 8, 2048, both=False)) == (4, 2)
+    seen, blocks = [], qknr._token_blocks
+
+    def recorded(*args, **kwargs):
+        seen.append(args[4])  # elements a warp
+        return blocks(*args, **kwargs)
+
+    monkeypatch.setattr(qknr, "_token_blocks", recorded)
+    c = Case(norm="token")
+    inp = make_case(c)
+    strided = torch.empty(*inp["q"].shape[:-1], 2 * c.d, dtype=inp["q"].dtype,
+                          device=inp["q"].device)[..., ::2].copy_(inp["q"])
+    outs = [qk_norm_rope(x, inp["k"], inp["qw"], inp["kw"], EPS, **inp["kwargs"])
+            for x in (inp["q"], strided)]
+    per_warp = qknr.TOKEN_FWD_ELEMENTS_PER_WARP
+    assert seen == [per_warp, per_warp // 2]
+    for a, b in zip(*outs):  # the same answer, up to the sums' order
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 BACKWARD_PASSES = ["whole tokens, TMA", "whole tokens", "blocks of heads"]
@@ -658,6 +692,9 @@ from ports.fastrope import qknorm as Q, qknorm_kernels as K
 
 POINTERS = {"q_ptr", "k_ptr", "qo_ptr", "ko_ptr", "gq_ptr", "gk_ptr", "dq_ptr", "dk_ptr"}
 
+def power_of_two_at_most(n):
+    return 1 << (max(1, n).bit_length() - 1)
+
 def signature(fn, dtype, consts):
     types = {"qw_ptr": "*fp32", "kw_ptr": "*fp32", "qpart_ptr": "*fp32", "kpart_ptr": "*fp32",
              "cos_ptr": "*fp32", "sin_ptr": "*fp32", "inv_ptr": "*fp64", "pos_ptr": "*i64",
@@ -683,11 +720,17 @@ UNIT_STRIDES = dict.fromkeys(("sqd", "skd", "sgqd", "sgkd", "sdqd", "sdkd", "sqw
 for fn, extra, elements, warps in (
         (K.qk_norm_rope_fwd_kernel, {}, Q.HEAD_FWD_BLOCK_ELEMENTS, Q.HEAD_FWD_WARPS),
         (K.qk_norm_rope_bwd_kernel, {"STAGES": Q.BACKWARD_STAGES}, None, Q.BACKWARD_WARPS),
-        (K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": False}, Q.TOKEN_FWD_BLOCK_ELEMENTS,
-         Q.TOKEN_FWD_WARPS),
-        (K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": True, "TABLES_ONLY": True},
-         Q.TOKEN_FWD_WHOLE_ELEMENTS,
-         max(1, 32 * 128 // Q.TOKEN_FWD_ELEMENTS_PER_WARP)),
+        (K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": False, "QK_TOGETHER": False},
+         Q.TOKEN_FWD_BLOCK_ELEMENTS, Q.TOKEN_FWD_WARPS),
+        # whole tokens, q's 32 heads and k's 8 in one program or apart, on the launcher's warps:
+        # where the channels are not known contiguous (every element then loads alone) half its
+        # elements a warp
+        *((K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": True, "QK_TOGETHER": together,
+                                             "TABLES_ONLY": True, "CONTIGUOUS_WHEN_ALIGNED": True},
+           Q.TOKEN_FWD_WHOLE_ELEMENTS,
+           tuple(power_of_two_at_most((32 + 8 * together) * 128 // e)
+                 for e in (Q.TOKEN_FWD_ELEMENTS_PER_WARP // 2, Q.TOKEN_FWD_ELEMENTS_PER_WARP)))
+          for together in (True, False)),
         (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS,
                                            "WHOLE_TOKEN": False, "TMA": False, **NO_DESCS,
                                            "STAGES": Q.TOKEN_BWD_STAGES},
@@ -704,6 +747,7 @@ for fn, extra, elements, warps in (
          Q.TOKEN_BWD_WHOLE_ELEMENTS,
          None)):
     tma = extra.get("TMA", False)
+    contiguous_when_aligned = extra.pop("CONTIGUOUS_WHEN_ALIGNED", False)
     # the one-pass forward and the TMA backward never compute angles (the launcher's rule)
     computed = K.TABLE_FULL if extra.pop("TABLES_ONLY", False) else K.TABLE_COMPUTED
     for dtype, table, interleaved, tail in (("bf16", K.TABLE_HALF, False, False),
@@ -719,17 +763,22 @@ for fn, extra, elements, warps in (
         if tma:  # the launcher's warps for 32 heads of 128, by element size
             item = 4 if dtype == "fp32" else 2
             warps = max(Q.BACKWARD_WARPS, 32 * 128 // Q.TOKEN_BWD_TMA_ELEMENTS_PER_WARP[item])
-        sig = signature(fn, dtype, consts)
         # Two builds: with nothing known of the int and pointer arguments, and as a launch on
         # 16-byte aligned tensors whose sizes and strides are multiples of 16 specializes them
         # (Triton marks such arguments divisible by 16): Qwen3-8B's launches are of that kind,
-        # and the two allocate registers differently.
+        # and the two allocate registers differently. ``contiguous_when_aligned``: the second
+        # also has unit channel strides, as contiguous tensors specialize them, and each build
+        # its own warps.
         for aligned in (False, True):
+            build = dict(consts, **{n: 1 for n in UNIT_STRIDES if n in fn.arg_names}) \
+                if aligned and contiguous_when_aligned else consts
+            sig = signature(fn, dtype, build)
             attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
                      if aligned and sig[n] not in ("constexpr", "fp32")
                      and not sig[n].startswith("tensordesc")}
-            k = triton.compile(ASTSource(fn, sig, consts, attrs),
-                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+            k = triton.compile(ASTSource(fn, sig, build, attrs), target=GPUTarget("cuda", 90, 32),
+                               options={"num_warps": warps[aligned] if isinstance(warps, tuple)
+                                        else warps})
             ptxas = shutil.which("ptxas")
             if ptxas:
                 with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
@@ -773,4 +822,4 @@ def test_kernels_compile_for_sm90_without_spills():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SM90], capture_output=True, text=True,
                        cwd=root, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("compiled") == 45
+    assert r.stdout.count("compiled") == 51

@@ -312,12 +312,14 @@ def test_qknorm_candidates_leave_out_the_module_values():
     own = qt.own_values()
     assert set(own) == set(qknorm.DEVICE_TUNED)
     rows = qt.candidates()
-    assert set(rows) == {qt.FORWARD, qt.BACKWARD}
+    assert set(rows) == {qt.FORWARD, qt.BACKWARD, qt.TOKEN_FORWARD}
     for alternatives in rows.values():
         assert alternatives and all(any(own[k] != v for k, v in c.items())
                                     for c in alternatives.values())
     assert "BACKWARD_PROGRAMS_PER_SM=4" in rows[qt.BACKWARD]
     assert f"BACKWARD_PROGRAMS_PER_SM={own['BACKWARD_PROGRAMS_PER_SM']}" not in rows[qt.BACKWARD]
+    other = 1 - own["TOKEN_FWD_QK_TOGETHER"]
+    assert list(rows[qt.TOKEN_FORWARD]) == [f"TOKEN_FWD_QK_TOGETHER={other}"]
     assert qt.constants_of({}) == own
     fwd = "HEAD_FWD_BLOCK_ELEMENTS=1024, HEAD_FWD_WARPS=1"
     assert qt.constants_of({qt.FORWARD: fwd}) == dict(own, HEAD_FWD_BLOCK_ELEMENTS=1024,
@@ -412,8 +414,9 @@ def test_qknorm_measure_checks_then_times_every_candidate(monkeypatch):
     from ports.harness import timing
 
     if not torch.cuda.is_available():
-        monkeypatch.setattr(bench, "inputs", lambda shape, dtype, grad: tuple(
-            t.requires_grad_(grad and i < 4) for i, t in enumerate(_cpu_inputs(shape, dtype))))
+        monkeypatch.setattr(bench, "inputs", lambda shape, dtype, grad, norm="head": tuple(
+            t.requires_grad_(grad and i < 4)
+            for i, t in enumerate(_cpu_inputs(shape, dtype, norm))))
     tiny = bench.Shape("tiny", 1, 6, 4, 2, 16)
     monkeypatch.setattr(bench, "SHAPES", [tiny])
     monkeypatch.setattr(qt, "FORWARD_SETTINGS", ((512, 1), (1024, 1)))
@@ -423,7 +426,7 @@ def test_qknorm_measure_checks_then_times_every_candidate(monkeypatch):
     monkeypatch.setattr(timing, "graph_median_us", lambda fn, rep_ms: float(next(times)))
     seen = []
     ms = qt.measure(2, 1, seen.append, shapes=["tiny"])
-    assert ms == seen and {m["row"] for m in ms} == {qt.FORWARD, qt.BACKWARD}
+    assert ms == seen and {m["row"] for m in ms} == {qt.FORWARD, qt.BACKWARD, qt.TOKEN_FORWARD}
     assert {m["case"] for m in ms} == {"tiny out of place", "tiny in place", "tiny"}
     assert all(m["ratio"] > 0 and not m["same_plan"] for m in ms)
     assert qknorm.FORCED == {}
@@ -443,7 +446,7 @@ def test_qknorm_measure_checks_then_times_every_candidate(monkeypatch):
     assert qknorm.FORCED == {}
 
 
-def _cpu_inputs(shape, dtype):
+def _cpu_inputs(shape, dtype, norm="head"):
     """The qknorm suite's inputs for ``shape``, built on the CPU (the interpreter's device)."""
     from reference.tables import rope_tables
 
@@ -452,6 +455,8 @@ def _cpu_inputs(shape, dtype):
     k = torch.randn(shape.b, shape.s, shape.hk, shape.d, generator=g).to(dtype)
     qw = (torch.randn(shape.d, generator=g) * 0.1 + 1.0).to(dtype)
     kw = (torch.randn(shape.d, generator=g) * 0.1 + 1.0).to(dtype)
+    if norm == "token":
+        qw, kw = qw.repeat(shape.hq), kw.repeat(shape.hk)
     cos, sin = rope_tables(shape.s, shape.d, device="cpu")
     return q, k, qw, kw, cos, sin
 
@@ -474,7 +479,9 @@ def test_tune_qknorm_on_the_gpu(monkeypatch, tmp_path):
     cases = {(m["row"], m["case"]) for m in table["qknorm_measurements"]}
     assert cases == {(qt.FORWARD, "qwen3-8b prefill 1k out of place"),
                      (qt.FORWARD, "qwen3-8b prefill 1k in place"),
-                     (qt.BACKWARD, "qwen3-8b prefill 1k")}
+                     (qt.BACKWARD, "qwen3-8b prefill 1k"),
+                     (qt.TOKEN_FORWARD, "qwen3-8b prefill 1k out of place"),
+                     (qt.TOKEN_FORWARD, "qwen3-8b prefill 1k in place")}
     assert all(m["us"] > 0 and m["own_us"] > 0 for m in table["qknorm_measurements"])
     assert set(table["qknorm"]) == set(qknorm.DEVICE_TUNED)
     assert qknorm.FORCED == {}

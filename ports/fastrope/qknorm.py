@@ -59,8 +59,10 @@ OLMo2 normalises q and k over all heads of a token at once (a ``num_heads * head
 weight): ``norm="token"``. Its kernels (``qk_token_norm_rope_*``) give a program every head of
 one tensor for its token (forward) or its tokens (backward). The forward takes a token's heads
 whole where they fit one block (``TOKEN_FWD_WHOLE_ELEMENTS``): each row read once and kept in
-registers; above that it reads them in blocks of heads twice, once for the token's sums, once to
-write. The grid is tokens x 2 (q, k), so a decode step of a few tokens has only a few programs.
+registers, the weight loaded first, and q and k in one program where the GPU's table says so
+(``TOKEN_FWD_QK_TOGETHER``); above that it reads them in blocks of heads twice, once for the
+token's sums, once to write. The grid is tokens x 2 (q, k) or tokens x 1 (together), so a decode
+step of a few tokens has only a few programs.
 The backward takes a token's heads whole where they fit one block
 (``TOKEN_BWD_WHOLE_ELEMENTS``): one pass, each row read once, 2.8x faster than two passes at
 Qwen3-8B's 4k tokens and 1.4x at 4 x 4k (H100); where the rows allow it (``TOKEN_BWD_TMA``) it
@@ -119,10 +121,12 @@ HEAD_FWD_BLOCK_ELEMENTS = 512
 HEAD_FWD_WARPS = 1
 # The token-norm forward takes a token's heads whole, read once, where they fit
 # TOKEN_FWD_WHOLE_ELEMENTS (heads and head_dim padded to powers of two), on a warp per
-# TOKEN_FWD_ELEMENTS_PER_WARP; above that it reads them twice, in blocks of
-# TOKEN_FWD_BLOCK_ELEMENTS on TOKEN_FWD_WARPS (16 elements a thread; not swept), and so do angles
-# computed in the kernel: their fp64 cos/sin made the one-pass kernel spill 1072 bytes of
-# registers on sm_90 under Triton 3.6 (fp16, 2 warps, 32 heads of 96). Swept on the
+# TOKEN_FWD_ELEMENTS_PER_WARP of the rows a program holds (q's and k's where they are together:
+# 32 + 8 heads of 128 on 2 warps), half that where the channels are strided; above that it
+# reads them twice, in blocks of TOKEN_FWD_BLOCK_ELEMENTS on TOKEN_FWD_WARPS (16 elements a
+# thread; not swept), and so do angles computed in the kernel: their fp64 cos/sin made the
+# one-pass kernel spill 1072 bytes of registers on sm_90 under Triton 3.6 (fp16, 2 warps, 32
+# heads of 96). Before the weights came first and q and k shared a program, swept on the
 # H100 at Qwen3-8B's 32/8 heads of 128, bf16, out of place (tools/qknorm_launch_sweep.py
 # --direction token-forward, results/README.md, "OLMo2's norm forward in one pass"): two passes
 # took 3.1, 37.8, 141.5 and 282.4 us at 64, 4096, 4 x 4096 and 32768 tokens; whole tokens at
@@ -190,11 +194,20 @@ HEAD_BWD_BLOCK_ELEMENTS = {(2, False): 2048, (2, True): 1024, (4, False): 256, (
 # tokens in 61.8, 200.5 and 388.8 us, 4 per SM in 64.7, 207.6 and 413.0; on the H200 3 took 55.1,
 # 169.0 and 315.6, 4 took 55.4, 151.3 and 295.8. The H100's 3 here; the H200's table sets 4.
 BACKWARD_PROGRAMS_PER_SM = 3
+# The token-norm forward's whole tokens: a token's q and k in one program (1), both tensors'
+# loads in flight before either's sum and half the programs, or in a program each (0), more and
+# smaller programs. The weights are loaded before the rows either way. Qwen3-8B's 32/8 heads of
+# 128, bf16, out of place, at 4k, 4 x 4k and 32k tokens (results/README.md, "OLMo2's norm
+# forward: the weights before the rows, q and k in one program"): the H100 took 34.7, 123.8 and
+# 241.1 us together, 34.8, 125.4 and 254.6 apart; the H200 29.1, 102.2 and 196.6 together, 26.8,
+# 95.8 and 191.8 apart. The H100's 1 here; the H200's table sets 0.
+TOKEN_FWD_QK_TOGETHER = 1
 # The launch constants a GPU family's tuning table may set for it (its "qknorm" entry, see
 # ports/fastrope/tuning.py; `python -m ports.harness.tune --qknorm` writes it), where the H100
 # and the H200 want different ones; the values above serve every GPU without one. Names in
 # FORCED win over both (the tuning's, the launch sweep's and qknorm_bench --set's settings).
-DEVICE_TUNED = ("HEAD_FWD_BLOCK_ELEMENTS", "HEAD_FWD_WARPS", "BACKWARD_PROGRAMS_PER_SM")
+DEVICE_TUNED = ("HEAD_FWD_BLOCK_ELEMENTS", "HEAD_FWD_WARPS", "BACKWARD_PROGRAMS_PER_SM",
+                "TOKEN_FWD_QK_TOGETHER")
 FORCED: dict[str, int] = {}
 # The token-norm backward's tokens per program once there are enough programs anyway (a first
 # guess, not swept), that is from LONG_RUN_MIN_TOKENS tokens (64 groups of 16).
@@ -392,16 +405,20 @@ def _block_heads(heads: int, head_dim: int, elements: int) -> int:
 
 
 def _token_blocks(g: Geometry, block_elements: int, block_warps: int, whole_elements: int,
-                  elements_per_warp: int, min_whole_warps: int) -> tuple[int, int, bool, int]:
+                  elements_per_warp: int, min_whole_warps: int, *, both_tensors: bool = False
+                  ) -> tuple[int, int, bool, int]:
     """norm="token": (q heads a block, k heads a block, whole token, warps). Every head of a
     tensor in one block where q's and k's heads, padded to powers of two, hold at most
-    ``whole_elements`` channels, on ``elements_per_warp`` a warp (at least ``min_whole_warps``);
-    else blocks of ``block_elements`` on ``block_warps``."""
+    ``whole_elements`` channels, on ``elements_per_warp`` a warp (at least ``min_whole_warps``;
+    ``both_tensors``: a program holds q's block and k's, and its warps are the power of two at
+    or below their elements over ``elements_per_warp``); else blocks of ``block_elements`` on
+    ``block_warps``."""
     p2 = triton.next_power_of_2
     whole = max(p2(g.q_heads), p2(g.k_heads)) * p2(g.head_dim)
     if whole <= whole_elements:
-        return p2(g.q_heads), p2(g.k_heads), True, max(min_whole_warps,
-                                                       whole // elements_per_warp)
+        held = (p2(g.q_heads) + p2(g.k_heads)) * p2(g.head_dim) if both_tensors else whole
+        warps = 1 << (max(1, held // elements_per_warp).bit_length() - 1)
+        return p2(g.q_heads), p2(g.k_heads), True, max(min_whole_warps, warps)
     return (_block_heads(g.q_heads, g.head_dim, block_elements),
             _block_heads(g.k_heads, g.head_dim, block_elements), False, block_warps)
 
@@ -505,18 +522,23 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
         return qo, ko
     ptrs, kw = _common(g, q, cos, sin, positions, base)
     if g.norm == "token":
+        strides = [_strides(t, layout) for t in (q, k, qo, ko)]
+        # Strided channels load element by element, an address register each: half the
+        # elements a warp then (32 + 8 heads of 96 on 2 warps spilled registers on sm_90).
+        contiguous = all(st[3] == 1 for st in strides) and kw["tsc"] in (0, 1) \
+            and q_weight.stride(0) == 1 and k_weight.stride(0) == 1
+        together = bool(launch_constant("TOKEN_FWD_QK_TOGETHER", q.device))
         bq, bk, whole_token, warps = _token_blocks(
             g, TOKEN_FWD_BLOCK_ELEMENTS, TOKEN_FWD_WARPS,
             0 if g.table == K.TABLE_COMPUTED else TOKEN_FWD_WHOLE_ELEMENTS,
-            TOKEN_FWD_ELEMENTS_PER_WARP, 1)
+            TOKEN_FWD_ELEMENTS_PER_WARP // (1 if contiguous else 2), 1, both_tensors=together)
         with _triton.device_guard(q.device):
-            K.qk_token_norm_rope_fwd_kernel[(g.tokens, 2)](
+            K.qk_token_norm_rope_fwd_kernel[(g.tokens, 1 if whole_token and together else 2)](
                 q, k, qo, ko, q_weight, k_weight, *ptrs,
                 g.seqlen, g.q_heads, g.k_heads, max(g.table_rows, 1), float(eps),
-                *_strides(q, layout), *_strides(k, layout), *_strides(qo, layout),
-                *_strides(ko, layout), q_weight.stride(0), k_weight.stride(0),
+                *(x for st in strides for x in st), q_weight.stride(0), k_weight.stride(0),
                 BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, WHOLE_TOKEN=whole_token,
-                num_warps=warps, **kw)
+                QK_TOGETHER=together, num_warps=warps, **kw)
         return qo, ko
     elements = launch_constant("HEAD_FWD_BLOCK_ELEMENTS", q.device)
     bq = _block_heads(g.q_heads, g.head_dim, elements)

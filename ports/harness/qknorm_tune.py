@@ -9,7 +9,9 @@ module's own values (what a GPU without a table runs) on the qknorm suite's Qwen
 * ``fused QK-norm forward``: ``HEAD_FWD_BLOCK_ELEMENTS`` and ``HEAD_FWD_WARPS``, out of place and
   in place (two cases a shape);
 * ``fused QK-norm backward``: ``BACKWARD_PROGRAMS_PER_SM``, as a forward + backward step minus
-  the forward (one case a shape).
+  the forward (one case a shape);
+* ``fused QK-norm token forward``: ``TOKEN_FWD_QK_TOGETHER``, OLMo2's norm over all heads of a
+  token (``norm="token"``, ``[heads * d]`` weights), out of place and in place.
 
 A candidate's results are first checked against the own values' (one bf16 ulp; the weight
 gradients to one ulp of their largest element): a candidate that computes something else is an
@@ -28,6 +30,7 @@ from ports.fastrope import qknorm
 
 FORWARD = "fused QK-norm forward"
 BACKWARD = "fused QK-norm backward"
+TOKEN_FORWARD = "fused QK-norm token forward"
 # (block elements, warps): one to four warps, 4 to 32 elements a thread; the H100 took 512 on one
 # warp, the H200 1024 on one warp (tools/qknorm_launch_sweep.py swept wider).
 FORWARD_SETTINGS = ((512, 1), (1024, 1), (1024, 2), (2048, 2), (2048, 4))
@@ -42,6 +45,7 @@ def candidates() -> dict[str, dict[str, dict[str, int]]]:
     rows = {
         FORWARD: [dict(HEAD_FWD_BLOCK_ELEMENTS=e, HEAD_FWD_WARPS=w) for e, w in FORWARD_SETTINGS],
         BACKWARD: [dict(BACKWARD_PROGRAMS_PER_SM=p) for p in BACKWARD_SETTINGS],
+        TOKEN_FORWARD: [dict(TOKEN_FWD_QK_TOGETHER=v) for v in (0, 1)],
     }
     return {row: {name(c): c for c in cs if any(own[k] != v for k, v in c.items())}
             for row, cs in rows.items()}
@@ -98,17 +102,18 @@ def _cases(shape, row: str):
     from ports.harness import qknorm_bench as bench
 
     backward = row == BACKWARD
-    q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=backward)
+    norm = "token" if row == TOKEN_FORWARD else "head"
+    q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=backward, norm=norm)
+    kwargs = dict(cos=cos, sin=sin, gemma=shape.gemma, norm=norm)
 
     def out():
-        return qknorm.qk_norm_rope(q, k, qw, kw, bench.EPS, cos=cos, sin=sin, gemma=shape.gemma)
+        return qknorm.qk_norm_rope(q, k, qw, kw, bench.EPS, **kwargs)
 
     if not backward:
         qi, ki = q.clone(), k.clone()
 
         def inplace():
-            return qknorm.qk_norm_rope_inplace(qi, ki, qw, kw, bench.EPS, cos=cos, sin=sin,
-                                               gemma=shape.gemma)
+            return qknorm.qk_norm_rope_inplace(qi, ki, qw, kw, bench.EPS, **kwargs)
 
         def inplace_fresh():
             qi.copy_(q)
