@@ -378,13 +378,19 @@ def _norm_rotate_store(x1, x2, xt, rstd, w_ptr, o_ptr, sw, sod, h, hm, c1, s1, c
 
 
 @triton.jit
-def _token_sum_squares(x1, x2, xt, HAS_TAIL: tl.constexpr):
-    """``sum(x^2)`` over a token's rows: each row's sum, then the rows' (one reduction across
-    the program's warps, where two whole sums would make two)."""
-    rows = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
-    if HAS_TAIL:
-        rows += tl.sum(xt * xt, axis=1)
-    return tl.sum(rows, axis=0)
+def _token_sum_squares(x1, x2, xt, HAS_TAIL: tl.constexpr, ROW_SUMS: tl.constexpr):
+    """``sum(x^2)`` over a token's rows. ``ROW_SUMS``: each row's sum, then the rows' (one
+    reduction across the program's warps); else each piece's whole sum. With q and k in one
+    program both forms take 167-168 registers (sm_90, Triton 3.6, Qwen3-8B's heads in bf16 on 2
+    warps) and the row sums were 1-2% faster (H100); with q and k apart the row sums take 168
+    against 136, two programs fewer an SM, and were 2-9% slower (H200)."""
+    if ROW_SUMS:
+        rows = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
+        if HAS_TAIL:
+            rows += tl.sum(xt * xt, axis=1)
+        return tl.sum(rows, axis=0)
+    else:
+        return _sum_all(x1 * x1) + _sum_all(x2 * x2) + _sum_all(xt * xt)
 
 
 @triton.jit
@@ -409,10 +415,10 @@ def _whole_rows(x_ptr, w_ptr, b, s, n_heads, sxb, sxs, sxh, sxd, sw,
 def _whole_rows_out(hm, w1, w2, wt, x1, x2, xt, o_ptr, b, s, n_heads, eps, sob, sos, soh, sod,
                     c1, s1, c2, s2, D: tl.constexpr, HALF: tl.constexpr,
                     PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
-                    INTERLEAVED: tl.constexpr, HAS_TAIL: tl.constexpr):
+                    INTERLEAVED: tl.constexpr, HAS_TAIL: tl.constexpr, ROW_SUMS: tl.constexpr):
     """:func:`_whole_rows`' token normalised over all its heads, rotated and written."""
     h = tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
-    rstd = tl.rsqrt(_token_sum_squares(x1, x2, xt, HAS_TAIL) / (n_heads * D) + eps)
+    rstd = tl.rsqrt(_token_sum_squares(x1, x2, xt, HAS_TAIL, ROW_SUMS) / (n_heads * D) + eps)
     _rotate_store(x1, x2, xt, rstd, w1, w2, wt, o_ptr + b * sob + s * sos + h * soh, sod, hm,
                   c1, s1, c2, s2, D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
 
@@ -477,24 +483,24 @@ def qk_token_norm_rope_fwd_kernel(
                 BLOCK_HK, INTERLEAVED, GEMMA, HAS_TAIL)
             _whole_rows_out(qm, qw1, qw2, qwt, q1, q2, qt, qo_ptr, b, s, HQ, eps,
                             sqob, sqos, sqoh, sqod, c1, s1, c2, s2, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
-                            BLOCK_HQ, INTERLEAVED, HAS_TAIL)
+                            BLOCK_HQ, INTERLEAVED, HAS_TAIL, QK_TOGETHER)
             _whole_rows_out(km, kw1, kw2, kwt, k1, k2, kt, ko_ptr, b, s, HK, eps,
                             skob, skos, skoh, skod, c1, s1, c2, s2, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
-                            BLOCK_HK, INTERLEAVED, HAS_TAIL)
+                            BLOCK_HK, INTERLEAVED, HAS_TAIL, QK_TOGETHER)
         elif tl.program_id(1) == 0:
             qm, qw1, qw2, qwt, q1, q2, qt = _whole_rows(
                 q_ptr, qw_ptr, b, s, HQ, sqb, sqs, sqh, sqd, sqw, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
                 BLOCK_HQ, INTERLEAVED, GEMMA, HAS_TAIL)
             _whole_rows_out(qm, qw1, qw2, qwt, q1, q2, qt, qo_ptr, b, s, HQ, eps,
                             sqob, sqos, sqoh, sqod, c1, s1, c2, s2, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
-                            BLOCK_HQ, INTERLEAVED, HAS_TAIL)
+                            BLOCK_HQ, INTERLEAVED, HAS_TAIL, QK_TOGETHER)
         else:
             km, kw1, kw2, kwt, k1, k2, kt = _whole_rows(
                 k_ptr, kw_ptr, b, s, HK, skb, sks, skh, skd, skw, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
                 BLOCK_HK, INTERLEAVED, GEMMA, HAS_TAIL)
             _whole_rows_out(km, kw1, kw2, kwt, k1, k2, kt, ko_ptr, b, s, HK, eps,
                             skob, skos, skoh, skod, c1, s1, c2, s2, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
-                            BLOCK_HK, INTERLEAVED, HAS_TAIL)
+                            BLOCK_HK, INTERLEAVED, HAS_TAIL, QK_TOGETHER)
     elif tl.program_id(1) == 0:
         _forward_token_in_blocks(q_ptr, qo_ptr, qw_ptr, b, s, HQ, c1, s1, c2, s2, eps,
                                  sqb, sqs, sqh, sqd, sqob, sqos, sqoh, sqod, sqw,
