@@ -196,11 +196,11 @@ HEAD_BWD_BLOCK_ELEMENTS = {(2, False): 2048, (2, True): 1024, (4, False): 256, (
 BACKWARD_PROGRAMS_PER_SM = 3
 # The token-norm forward's whole tokens: a token's q and k in one program (1), both tensors'
 # loads in flight before either's sum and half the programs, or in a program each (0), more and
-# smaller programs. The weights are loaded before the rows either way. Qwen3-8B's 32/8 heads of
-# 128, bf16, out of place, at 4k, 4 x 4k and 32k tokens (results/README.md, "OLMo2's norm
-# forward: the weights before the rows, q and k in one program"): the H100 took 34.7, 123.8 and
-# 241.1 us together, 34.8, 125.4 and 254.6 apart; the H200 29.1, 102.2 and 196.6 together, 26.8,
-# 95.8 and 191.8 apart. The H100's 1 here; the H200's table sets 0.
+# smaller programs. The weights are loaded before the rows either way. `tune --qknorm` on the
+# H100 (fb50be4; Qwen3-8B's 32/8 heads of 128, bf16, out of place at 4k, 4 x 4k and 32k tokens):
+# 34.1, 123.3 and 241.4 us together, 35.4, 130.0 and 259.9 apart (results/README.md, "OLMo2's
+# norm forward: the weights before the rows, q and k in one program"). 1 for every GPU until its
+# table's tuning says otherwise; the H200's has not timed it yet.
 TOKEN_FWD_QK_TOGETHER = 1
 # The launch constants a GPU family's tuning table may set for it (its "qknorm" entry, see
 # ports/fastrope/tuning.py; `python -m ports.harness.tune --qknorm` writes it), where the H100

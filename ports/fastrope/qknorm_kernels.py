@@ -382,8 +382,8 @@ def _token_sum_squares(x1, x2, xt, HAS_TAIL: tl.constexpr, ROW_SUMS: tl.constexp
     """``sum(x^2)`` over a token's rows. ``ROW_SUMS``: each row's sum, then the rows' (one
     reduction across the program's warps); else each piece's whole sum. With q and k in one
     program both forms take 167-168 registers (sm_90, Triton 3.6, Qwen3-8B's heads in bf16 on 2
-    warps) and the row sums were 1-2% faster (H100); with q and k apart the row sums take 168
-    against 136, two programs fewer an SM, and were 2-9% slower (H200)."""
+    warps); with q and k apart the row sums take 168 against 136, so two programs fewer fit an
+    SM."""
     if ROW_SUMS:
         rows = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
         if HAS_TAIL:
@@ -400,8 +400,8 @@ def _whole_rows(x_ptr, w_ptr, b, s, n_heads, sxb, sxs, sxh, sxd, sw,
                 GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr):
     """Every head row of one token, ``(mask, w1, w2, wt, x1, x2, xt)``: the weight's loads
     first, so that their round trip to the L2 overlaps the rows' from DRAM instead of following
-    the token's sum (H100, Qwen3-8B's heads, bf16: 86.5% -> 89.5% of a copy at 4 x 4k
-    tokens)."""
+    the token's sum (results/README.md, "OLMo2's norm forward: the weights before the rows, q
+    and k in one program")."""
     h = tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
     hm = h < n_heads
     w1, w2, wt = _head_weights(w_ptr, sw, h, hm, D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED,
