@@ -199,8 +199,8 @@ BACKWARD_PROGRAMS_PER_SM = 3
 # smaller programs. The weights are loaded before the rows either way. `tune --qknorm` on the
 # H100 (fb50be4; Qwen3-8B's 32/8 heads of 128, bf16, out of place at 4k, 4 x 4k and 32k tokens):
 # 34.1, 123.3 and 241.4 us together, 35.4, 130.0 and 259.9 apart (results/README.md, "OLMo2's
-# norm forward: the weights before the rows, q and k in one program"). 1 wherever a GPU family's
-# table does not set it.
+# norm forward: the weights before the rows, q and k in one program"). On the H200 (7af05e8)
+# apart took 1.021x the time; both GPUs' tables set 1, and 1 serves a GPU without one.
 TOKEN_FWD_QK_TOGETHER = 1
 # The launch constants a GPU family's tuning table may set for it (its "qknorm" entry, see
 # ports/fastrope/tuning.py; `python -m ports.harness.tune --qknorm` writes it), where the H100
