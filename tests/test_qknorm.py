@@ -304,48 +304,6 @@ def test_backward_several_tokens_per_program_is_deterministic(monkeypatch):
         assert torch.equal(first[name], second[name]), name
 
 
-def _row_descriptor_calls(monkeypatch) -> list[bool]:
-    """Records, per backward launch that could read through TMA, whether it did."""
-    reads, descriptors = [], qknr._row_descriptors
-
-    def recorded(*args):
-        descs = descriptors(*args)
-        reads.append(descs is not None)
-        return descs
-
-    monkeypatch.setattr(qknr, "_row_descriptors", recorded)
-    return reads
-
-
-# Per-head backwards whose rows allow TMA descriptors: rotate-half, no tail, blocks of at least
-# 1 KB (bf16 and fp16 heads of 128: 16 q heads a block, 12 of them real; 8 k heads).
-HEAD_TMA_CASES = [
-    Case(b=3, s=7, hq=12, hk=8, d=128, dtype="bf16", asymmetric=True),
-    Case(b=1, s=9, hq=12, hk=8, d=128, dtype="fp16", asymmetric=True, layout="thd",
-         positions="ids", gemma=True),
-    Case(b=2, s=9, hq=12, hk=8, d=128, dtype="bf16", source="half", positions="ids",
-         weight_dtype="fp32"),
-]
-
-
-@pytest.mark.parametrize("tma", [True, False], ids=["tma", "plain"])
-@pytest.mark.parametrize("case", HEAD_TMA_CASES, ids=["bshd-bf16", "thd-fp16-gemma",
-                                                      "half-ids-fp32-weights"])
-def test_backward_through_tma(monkeypatch, case, tma):
-    """The per-head backward on one SM (several tokens a program, the last group's slots past
-    the end, heads past the tensor in q's block of 16): read and written through TMA descriptors
-    (HEAD_BWD_TMA) or plain loads; correct, and the weight gradients bitwise equal from run to
-    run."""
-    monkeypatch.setattr(qknr, "_sms", lambda device: 1)
-    monkeypatch.setattr(qknr, "HEAD_BWD_TMA", tma)
-    reads = _row_descriptor_calls(monkeypatch)
-    first = check_backward(case)
-    second = check_backward(case)
-    for name in ("dq", "dk", "dqw", "dkw"):
-        assert torch.equal(first[name], second[name]), name
-    assert reads == ([True, True] if tma else [])
-
-
 @pytest.mark.parametrize("q_rows,k_rows,q_cols,k_cols,dtype", [
     (300, 131, 24, 24, torch.bfloat16),    # rows past one block of 128, columns past 8
     (5, 0, 6, 6, torch.float16),           # fewer columns than a block; no k rows (zeros)
@@ -430,7 +388,15 @@ def _tma_reads(monkeypatch, tma: bool) -> list[bool]:
     whole-token backward that could read through TMA, whether it did, recorded."""
     monkeypatch.setattr(qknr, "TOKEN_BWD_TMA", tma)
     monkeypatch.setattr(qknr, "_sms", lambda device: 1)
-    return _row_descriptor_calls(monkeypatch)
+    reads, descriptors = [], qknr._token_descriptors
+
+    def recorded(*args):
+        descs = descriptors(*args)
+        reads.append(descs is not None)
+        return descs
+
+    monkeypatch.setattr(qknr, "_token_descriptors", recorded)
+    return reads
 
 
 @pytest.mark.parametrize("passes", ["whole tokens", "whole tokens, q and k apart",
@@ -738,16 +704,13 @@ def signature(fn, dtype, consts):
         for name in (x + "_desc", "g" + x + "_desc"):  # the TMA descriptors' blocks
             types[name] = f"tensordesc<{dtype}[1, 1, {heads}, {half}]>"
         types["d" + x + "_desc"] = f"tensordesc<{dtype}[1, 1, {heads}, {consts['D']}]>"
-        # the token norm's weight: a row a head; the per-head norm's: one row
-        rows = heads if fn is K.qk_token_norm_rope_bwd_kernel else 1
-        types[x + "w_desc"] = f"tensordesc<fp32[{rows}, {half}]>"
+        types[x + "w_desc"] = f"tensordesc<fp32[{heads}, {half}]>"
         types[x + "part_desc"] = f"tensordesc<fp32[1, {heads}, {half}]>"
     return {n: "constexpr" if n in consts else "*" + dtype if n in POINTERS
             else types.get(n, "i32") for n in fn.arg_names}
 
-HEAD_NO_DESCS = dict.fromkeys(("q_desc", "k_desc", "gq_desc", "gk_desc", "dq_desc", "dk_desc",
-                               "qw_desc", "kw_desc"))
-NO_DESCS = dict(HEAD_NO_DESCS, qpart_desc=None, kpart_desc=None)
+NO_DESCS = dict.fromkeys(("q_desc", "k_desc", "gq_desc", "gk_desc", "dq_desc", "dk_desc",
+                          "qw_desc", "kw_desc", "qpart_desc", "kpart_desc"))
 # The TMA path reads rows whose channels are contiguous: its channel strides, and the weights' and
 # tables' column strides of contiguous inputs, are 1, which a launch compiles as constants (Triton
 # specializes an int argument equal to 1); its register budget is measured that way.
@@ -756,10 +719,7 @@ UNIT_STRIDES = dict.fromkeys(("sqd", "skd", "sgqd", "sgkd", "sdqd", "sdkd", "sqw
 
 for fn, extra, elements, warps in (
         (K.qk_norm_rope_fwd_kernel, {}, Q.HEAD_FWD_BLOCK_ELEMENTS, Q.HEAD_FWD_WARPS),
-        (K.qk_norm_rope_bwd_kernel, {"STAGES": Q.BACKWARD_STAGES, "TMA": False, **HEAD_NO_DESCS},
-         None, Q.BACKWARD_WARPS),
-        (K.qk_norm_rope_bwd_kernel, {"STAGES": Q.BACKWARD_STAGES, "TMA": True, **UNIT_STRIDES,
-                                     "TABLES_ONLY": True}, None, Q.BACKWARD_WARPS),
+        (K.qk_norm_rope_bwd_kernel, {"STAGES": Q.BACKWARD_STAGES}, None, Q.BACKWARD_WARPS),
         (K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": False, "QK_TOGETHER": False},
          Q.TOKEN_FWD_BLOCK_ELEMENTS, Q.TOKEN_FWD_WARPS),
         # whole tokens, q's 32 heads and k's 8 in one program or apart, on the launcher's warps:
@@ -800,8 +760,7 @@ for fn, extra, elements, warps in (
                       BLOCK_HK=Q._block_heads(8, 96 if tail else 128, block),
                       INTERLEAVED=interleaved, TABLE=table,
                       HAS_POS=tail, GEMMA=tail, HAS_TAIL=tail, **extra)
-        if tma and fn is K.qk_token_norm_rope_bwd_kernel:
-            # the launcher's warps for 32 heads of 128, by element size
+        if tma:  # the launcher's warps for 32 heads of 128, by element size
             item = 4 if dtype == "fp32" else 2
             warps = max(Q.BACKWARD_WARPS, 32 * 128 // Q.TOKEN_BWD_TMA_ELEMENTS_PER_WARP[item])
         # Two builds: with nothing known of the int and pointer arguments, and as a launch on
@@ -845,9 +804,9 @@ for dtype in ("bf16", "fp16", "fp32"):
 
 
 def test_kernels_compile_for_sm90_without_spills():
-    """The four kernels (per-head and per-token norm, forward and backward; the per-head backward
-    also through TMA descriptors; the token norm's forward and backward each whole and in blocks
-    of heads, the backward's whole tokens also through TMA descriptors), three variants each
+    """The four kernels (per-head and per-token norm, forward and backward; the token norm's
+    forward and backward each whole and in blocks of heads, the backward's whole tokens also
+    through TMA descriptors), three variants each
     (dtypes, table forms, styles, tails, positions), each built twice (nothing known of its int
     and pointer arguments, and all of them divisible by 16, as aligned launches specialize them),
     and the weight gradients' reduction, compiled to sm_90 PTX by Triton (and through ptxas, with
@@ -863,4 +822,4 @@ def test_kernels_compile_for_sm90_without_spills():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SM90], capture_output=True, text=True,
                        cwd=root, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("compiled") == 57
+    assert r.stdout.count("compiled") == 51

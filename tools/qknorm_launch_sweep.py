@@ -6,9 +6,8 @@ compile cache per shape) and a copy of the bytes the direction moves. The forwar
 ``HEAD_FWD_BLOCK_ELEMENTS`` (heads per program * head_dim) and ``HEAD_FWD_WARPS``, 4 to 64
 elements a thread, out of place and in place (q and k read and written); the backward sweeps the
 16-bit full-rotary ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS``,
-``BACKWARD_PROGRAMS_PER_SM`` (the grid's budget, which sets the tokens a program),
-``BACKWARD_STAGES`` (the token loop's software-pipelining stages, for every head width) and
-``HEAD_BWD_TMA`` (the rows through TMA descriptors where they allow it), timed
+``BACKWARD_PROGRAMS_PER_SM`` (the grid's budget, which sets the tokens a program) and
+``BACKWARD_STAGES`` (the token loop's software-pipelining stages, for every head width), timed
 as a forward + backward step captured in one graph minus the forward alone (dy, q and k read, dq
 and dk written). CUDA-graph us, the minimum of 3 interleaved medians. Each setting's results
 are checked against the GPU's default's first: dq, dk and the outputs to one bf16 ulp (the sum
@@ -58,15 +57,13 @@ def forward_settings() -> list[tuple[int, int]]:
             if 4 <= e // (32 * w) <= 64]
 
 
-def backward_settings() -> list[tuple[int, int, int, int, int]]:
-    """(block elements, warps, programs per SM, stages, TMA), 8 to 16 elements a thread, plain
-    loads (TMA 0): 8 warps and 2 stages, slower than 4 warps and 1 or 3 stages at every matched
-    setting on the H100 (e908b9a), are left out; then TMA (1) at 2048 elements on 4 warps, 2 to
-    5 programs per SM and 2 to 4 stages."""
-    return [(e, w, p, s, 0) for e, w, p, s in itertools.product((512, 1024, 2048), (1, 2, 4),
-                                                                (2, 4, 8, 16), (1, 3))
-            if 8 <= e // (32 * w) <= 16] + [(2048, 4, p, s, 1) for p, s in itertools.product(
-                (2, 3, 4, 5), (2, 3, 4))]
+def backward_settings() -> list[tuple[int, int, int, int]]:
+    """(block elements, warps, programs per SM, stages), 8 to 16 elements a thread: 8 warps and
+    2 stages, slower than 4 warps and 1 or 3 stages at every matched setting on the H100
+    (e908b9a), are left out."""
+    return [(e, w, p, s) for e, w, p, s in itertools.product((512, 1024, 2048), (1, 2, 4),
+                                                             (2, 4, 8, 16), (1, 3))
+            if 8 <= e // (32 * w) <= 16]
 
 
 def token_backward_settings() -> list[tuple[int, int, int, int]]:
@@ -120,7 +117,7 @@ def launch_settings(direction: str, setting: tuple[int, ...]):
     saved = (qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS,
              dict(qknorm.HEAD_BWD_BLOCK_ELEMENTS), qknorm.BACKWARD_WARPS,
              qknorm.BACKWARD_PROGRAMS_PER_SM, qknorm.BACKWARD_STAGES,
-             qknorm.PIPELINED_MAX_HEAD_DIM, qknorm.HEAD_BWD_TMA)
+             qknorm.PIPELINED_MAX_HEAD_DIM)
     if direction == "forward":
         qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS = setting
         qknorm.FORCED.update(HEAD_FWD_BLOCK_ELEMENTS=setting[0], HEAD_FWD_WARPS=setting[1])
@@ -128,8 +125,7 @@ def launch_settings(direction: str, setting: tuple[int, ...]):
         qknorm.FORCED["BACKWARD_PROGRAMS_PER_SM"] = setting[2]
         qknorm.HEAD_BWD_BLOCK_ELEMENTS = {**saved[2], (2, False): setting[0]}
         (qknorm.BACKWARD_WARPS, qknorm.BACKWARD_PROGRAMS_PER_SM,
-         qknorm.BACKWARD_STAGES) = setting[1:4]
-        qknorm.HEAD_BWD_TMA = setting[4]
+         qknorm.BACKWARD_STAGES) = setting[1:]
         qknorm.PIPELINED_MAX_HEAD_DIM = qknorm.MAX_HEAD_DIM  # the stages swept apply to any head
     try:
         yield
@@ -138,7 +134,7 @@ def launch_settings(direction: str, setting: tuple[int, ...]):
         qknorm.FORCED.update(forced)
         (qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS, qknorm.HEAD_BWD_BLOCK_ELEMENTS,
          qknorm.BACKWARD_WARPS, qknorm.BACKWARD_PROGRAMS_PER_SM, qknorm.BACKWARD_STAGES,
-         qknorm.PIPELINED_MAX_HEAD_DIM, qknorm.HEAD_BWD_TMA) = saved
+         qknorm.PIPELINED_MAX_HEAD_DIM) = saved
 
 
 def default_setting(direction: str) -> tuple[int, ...]:
@@ -150,8 +146,7 @@ def default_setting(direction: str) -> tuple[int, ...]:
         return (qknorm.launch_constant("HEAD_FWD_BLOCK_ELEMENTS", device),
                 qknorm.launch_constant("HEAD_FWD_WARPS", device))
     return (qknorm.HEAD_BWD_BLOCK_ELEMENTS[2, False], qknorm.BACKWARD_WARPS,
-            qknorm.launch_constant("BACKWARD_PROGRAMS_PER_SM", device), qknorm.BACKWARD_STAGES,
-            int(qknorm.HEAD_BWD_TMA))
+            qknorm.launch_constant("BACKWARD_PROGRAMS_PER_SM", device), qknorm.BACKWARD_STAGES)
 
 
 def _under(direction, setting, fn):
@@ -227,7 +222,7 @@ def sweep(shape, direction: str, settings: list[tuple[int, ...]]
 
 COLUMNS = {"forward": ["shape", "block elements", "warps", "out of place (us)", "% copy",
                        "in place (us)", "% copy"],
-           "backward": ["shape", "block elements", "warps", "programs per SM", "stages", "TMA",
+           "backward": ["shape", "block elements", "warps", "programs per SM", "stages",
                         "backward (us)", "% copy"],
            "token-forward": ["shape", "whole-token elements", "elements a warp",
                              "out of place (us)", "% copy", "in place (us)", "% copy"],

@@ -225,9 +225,6 @@ BACKWARD_WARPS = 4
 # at 16k 151.6 -> 144.6; Gemma3's heads of 256 at 8k 107.3 -> 137.1, hence the limit.
 BACKWARD_STAGES = 3
 PIPELINED_MAX_HEAD_DIM = 128
-# The per-head backward's pipelined loop reads and writes its rows through TMA descriptors where
-# they allow it (the rules of _row_descriptors) and a program takes more than one token.
-HEAD_BWD_TMA = True
 # The weight gradients' reduction (weight_grads): programs of 8 columns (a head of 128 is 16 of
 # them per tensor), each summing its rows 128 at a time on 4 warps. H100, Qwen3-8B's heads, the
 # partial rows of 4k to 32k tokens (256-264 + 128-132 rows of 128): 1.6-1.7 us, against 2.4-2.6
@@ -426,19 +423,18 @@ def _token_blocks(g: Geometry, block_elements: int, block_warps: int, whole_elem
             _block_heads(g.k_heads, g.head_dim, block_elements), False, block_warps)
 
 
-def _row_descriptors(g: Geometry, layout: str, reads, writes, weights,
-                     blocks) -> tuple | None:
-    """TMA descriptors for the backwards' rows (the whole-token and the per-head backward's), or
-    None where TMA cannot serve them: over each of ``reads`` (q, k, dq_out, dk_out) and ``writes``
-    (dq, dk) as ``[batch, seq, heads, head_dim]``, blocks of ``[1, 1, heads a block, head_dim / 2]``
-    (a token's rows, split into pair members) to read and ``[1, 1, heads a block, head_dim]`` to
-    write; then over each of ``weights`` as ``[weight rows, head_dim]`` (norm "token": a row a head,
-    blocks of ``[heads a block, head_dim / 2]``; "head": one row, blocks of ``[1, head_dim / 2]``);
-    ``blocks``: q's and k's heads a block. None for interleaved pairs or an unrotated tail, a half
-    that is not a power of two of at least 16 bytes, rows, strides or weights not 16-byte aligned,
-    tokens not batch-major (sbhd, bhsd), a GPU older than Hopper; or where the kernel would spill
-    registers: angles computed in the kernel (fp64 cos/sin; 64 bytes on sm_90 under Triton 3.6,
-    fp16, 8 warps)."""
+def _token_descriptors(g: Geometry, layout: str, reads, writes, weights,
+                       blocks) -> tuple | None:
+    """TMA descriptors for the whole-token backward, or None where TMA cannot serve it: over each
+    of ``reads`` (q, k, dq_out, dk_out) and ``writes`` (dq, dk) as ``[batch, seq, heads,
+    head_dim]``, blocks of ``[1, 1, heads a block, head_dim / 2]`` (a token's rows, split into
+    pair members) to read and ``[1, 1, heads a block, head_dim]`` to write; then over each of
+    ``weights`` as ``[heads, head_dim]``, blocks of ``[heads a block, head_dim / 2]``;
+    ``blocks``: q's and k's heads a block. None for interleaved pairs or an unrotated tail, a
+    half that is not a power of two of at least 16 bytes, rows, strides or weights not 16-byte
+    aligned, tokens not batch-major (sbhd, bhsd), a GPU older than Hopper; or where the kernel
+    would spill registers: angles computed in the kernel (fp64 cos/sin; 64 bytes on sm_90 under
+    Triton 3.6, fp16, 8 warps)."""
     half = g.head_dim // 2
     rows = reads + writes
     if g.tokens == 0 or min(t.shape[-2] for t in rows) == 0:
@@ -469,8 +465,7 @@ def _row_descriptors(g: Geometry, layout: str, reads, writes, weights,
         if w.stride(0) != 1 or w.data_ptr() % 16 or g.head_dim * w.element_size() % 16:
             return None
         heads = w.shape[0] // g.head_dim
-        descs.append(TensorDescriptor(w, [heads, g.head_dim], [g.head_dim, 1],
-                                      [block if g.norm == "token" else 1, half]))
+        descs.append(TensorDescriptor(w, [heads, g.head_dim], [g.head_dim, 1], [block, half]))
     return tuple(descs)
 
 
@@ -607,7 +602,7 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
         # SMs take a token each (decode's 64 tokens: 7.0 us through TMA, 5.7 with plain loads,
         # H100 suites b688c59 and 0f972c8)
         if whole_token and TOKEN_BWD_TMA and g.tokens > _sms(q.device):
-            descs = _row_descriptors(g, layout, (q, k, dq_out, dk_out), (dq, dk),
+            descs = _token_descriptors(g, layout, (q, k, dq_out, dk_out), (dq, dk),
                                        (q_weight, k_weight), (bq, bk))
         if descs is not None:
             p2 = triton.next_power_of_2
@@ -626,11 +621,6 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
     qb, kb = triton.cdiv(g.q_heads, bq), triton.cdiv(g.k_heads, bk)
     tpp = backward_tokens_per_program(g.tokens, qb + kb, q.device)
     groups = triton.cdiv(g.tokens, tpp)
-    stages = BACKWARD_STAGES if triton.next_power_of_2(g.head_dim) <= PIPELINED_MAX_HEAD_DIM else 1
-    # TMA's gain is a program's later tokens staged while one is computed
-    descs = (_row_descriptors(g, layout, (q, k, dq_out, dk_out), (dq, dk), (q_weight, k_weight),
-                              (bq, bk))
-             if HEAD_BWD_TMA and tpp > 1 and stages > 1 else None)
     qpart = _alloc.empty((groups * qb, g.head_dim), dtype=torch.float32, device=q.device)
     kpart = _alloc.empty((groups * kb, g.head_dim), dtype=torch.float32, device=q.device)
     if g.tokens and qb + kb:
@@ -639,14 +629,14 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
         ptrs, kw = _common(g, q, cos, sin, positions, base)
         with _triton.device_guard(q.device):
             K.qk_norm_rope_bwd_kernel[(groups, qb + kb)](
-                q, k, dq_out, dk_out, dq, dk, q_weight, k_weight, *(descs or (None,) * 8),
-                qpart, kpart, *ptrs,
+                q, k, dq_out, dk_out, dq, dk, q_weight, k_weight, qpart, kpart, *ptrs,
                 g.tokens, g.seqlen, g.q_heads, g.k_heads, qb, kb, max(g.table_rows, 1),
                 float(eps), tpp, *_strides(q, layout), *_strides(k, layout),
                 *_strides(dq_out, layout), *_strides(dk_out, layout), *_strides(dq, layout),
                 *_strides(dk, layout), q_weight.stride(0), k_weight.stride(0),
-                BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, STAGES=stages,
-                TMA=int(HEAD_BWD_TMA) if descs is not None else 0,
+                BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma,
+                STAGES=(BACKWARD_STAGES if triton.next_power_of_2(g.head_dim)
+                        <= PIPELINED_MAX_HEAD_DIM else 1),
                 num_warps=BACKWARD_WARPS, **kw)
     return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight)
 
@@ -672,7 +662,7 @@ def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_
     """norm="token": one launch over (token groups, q and k), then the fixed-order sums of the
     ``[groups, heads * head_dim]`` partial rows. ``whole_token``: every head of q in one block
     of ``bq`` and of k in one of ``bk`` (one pass a token); ``descs``: the TMA descriptors of
-    :func:`_row_descriptors`, or None (plain loads and stores)."""
+    :func:`_token_descriptors`, or None (plain loads and stores)."""
     qpart = _alloc.empty((groups, g.q_heads * g.head_dim), dtype=torch.float32, device=q.device)
     kpart = _alloc.empty((groups, g.k_heads * g.head_dim), dtype=torch.float32, device=q.device)
     if descs is not None:

@@ -122,22 +122,21 @@ def _load_rows(row_ptr, sd, hm, D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK:
 
 
 @triton.jit
-def _load_rows_tma(desc, b, s, h0, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
+def _load_rows_tma(desc, b, s, BLOCK_H: tl.constexpr, HALF: tl.constexpr,
                    TAIL_BLOCK: tl.constexpr):
-    """A token's rows h0 .. h0 + BLOCK_H - 1 (h0 an int32) [BLOCK_H, HALF] as fp32 (first
-    members, partners; rotate-half, no tail) through a TMA descriptor over ``[batch, seq, heads,
-    D]`` with block ``[1, 1, BLOCK_H, HALF]``: heads and tokens past the tensor read as 0. In a
-    pipelined loop the loads land in shared memory, several tokens ahead, without holding
-    registers."""
+    """A token's rows [BLOCK_H, HALF] as fp32 (first members, partners; rotate-half, no tail)
+    through a TMA descriptor over ``[batch, seq, heads, D]`` with block ``[1, 1, BLOCK_H, HALF]``:
+    heads and tokens past the tensor read as 0. In a pipelined loop the loads land in shared
+    memory, several tokens ahead, without holding registers."""
     bi = b.to(tl.int32)
     si = s.to(tl.int32)
-    x1 = desc.load([bi, si, h0, 0]).reshape(BLOCK_H, HALF).to(tl.float32)
-    x2 = desc.load([bi, si, h0, HALF]).reshape(BLOCK_H, HALF).to(tl.float32)
+    x1 = desc.load([bi, si, 0, 0]).reshape(BLOCK_H, HALF).to(tl.float32)
+    x2 = desc.load([bi, si, 0, HALF]).reshape(BLOCK_H, HALF).to(tl.float32)
     return x1, x2, tl.zeros([1, TAIL_BLOCK], dtype=tl.float32)
 
 
 @triton.jit
-def _store_rows_tma(desc, b, s, h0, y1, y2, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
+def _store_rows_tma(desc, b, s, y1, y2, BLOCK_H: tl.constexpr, HALF: tl.constexpr):
     """:func:`_load_rows_tma`'s inverse: a token's rows from the pair members [BLOCK_H, HALF],
     rounded to the tensor's dtype, through a descriptor with block ``[1, 1, BLOCK_H, 2 * HALF]``;
     heads and tokens past the tensor are not written. One store a token: the next store waits
@@ -147,7 +146,7 @@ def _store_rows_tma(desc, b, s, h0, y1, y2, BLOCK_H: tl.constexpr, HALF: tl.cons
     si = s.to(tl.int32)
     ty = desc.dtype
     y = tl.permute(tl.join(y1.to(ty), y2.to(ty)), (0, 2, 1)).reshape(1, 1, BLOCK_H, 2 * HALF)
-    desc.store([bi, si, h0, 0], y)
+    desc.store([bi, si, 0, 0], y)
 
 
 @triton.jit
@@ -225,31 +224,19 @@ def qk_norm_rope_fwd_kernel(
 
 
 @triton.jit
-def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, x_desc, g_desc, dx_desc, w_desc, part_ptr,
-                    part_row, tok0, token_step, T, S, h0, n_heads, eps, pos_ptr, psb, pss,
-                    cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
+def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, token_step, T, S, h0,
+                    n_heads, eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
                     sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds, sdh, sdd, sw,
                     D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
                     TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
                     TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
-                    HAS_TAIL: tl.constexpr, tokens_per_program, STAGES: tl.constexpr,
-                    TMA: tl.constexpr):
+                    HAS_TAIL: tl.constexpr, tokens_per_program, STAGES: tl.constexpr):
     """dx for heads h0 .. h0 + BLOCK_H - 1 of the tokens tok0 + i * token_step, i below
     tokens_per_program, and their weight-gradient partial sum as row ``part_row`` of the
     [programs, D] buffer. STAGES > 1 asks Triton's pipeliner to issue a later token's loads while
-    a token is computed. ``TMA`` (rotate-half, no tail): x and dy come through ``x_desc`` and
-    ``g_desc``, the weight once through ``w_desc`` (``[1, D]``), dx leaves through ``dx_desc``;
-    heads and tokens past the tensors read as 0 and are not written, so no lane needs a mask."""
+    a token is computed."""
     h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
-    if TMA:
-        w1 = w_desc.load([0, 0]).to(tl.float32)
-        w2 = w_desc.load([0, HALF]).to(tl.float32)
-        wt = tl.zeros([1, TAIL_BLOCK], dtype=tl.float32)
-        if GEMMA:
-            w1 = w1 + 1.0
-            w2 = w2 + 1.0
-    else:
-        w1, w2, wt = _weights(w_ptr, sw, D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, GEMMA)
+    w1, w2, wt = _weights(w_ptr, sw, D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, GEMMA)
     j, o1, o2 = _members(HALF, PAIR_BLOCK, INTERLEAVED)
     pm = j < HALF
     # dz * x_hat summed per lane over the tokens, over the heads once at the end (a reduction
@@ -265,24 +252,14 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, x_desc, g_desc, dx_desc, w_desc
         hm = (h < n_heads) & valid
         c1, s1, c2, s2 = _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
                                  rows, tsr, tsc, HALF, PAIR_BLOCK, INTERLEAVED, TABLE, HAS_POS)
-        if TMA:
-            x1, x2, xt = _load_rows_tma(x_desc, b, s, h0.to(tl.int32), BLOCK_H, HALF,
-                                        TAIL_BLOCK)
-            g1, g2, gt = _load_rows_tma(g_desc, b, s, h0.to(tl.int32), BLOCK_H, HALF,
-                                        TAIL_BLOCK)
-            rstd = _rstd(x1, x2, xt, eps, D)
-            xh1 = x1 * rstd
-            xh2 = x2 * rstd
-            xht = xt * rstd
-        else:
-            x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
-                                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
-            g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
-                                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
-            rstd = _rstd(x1, x2, xt, eps, D)
-            xh1 = tl.where(hm & pm, x1 * rstd, 0.0)
-            xh2 = tl.where(hm & pm, x2 * rstd, 0.0)
-            xht = tl.where(hm, xt * rstd, 0.0)
+        x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
+                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+        g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
+                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+        rstd = _rstd(x1, x2, xt, eps, D)
+        xh1 = tl.where(hm & pm, x1 * rstd, 0.0)
+        xh2 = tl.where(hm & pm, x2 * rstd, 0.0)
+        xht = tl.where(hm, xt * rstd, 0.0)
         dz1 = g1 * c1 + g2 * s2
         dz2 = g2 * c2 - g1 * s1
         acc1 += dz1 * xh1
@@ -293,14 +270,10 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, x_desc, g_desc, dx_desc, w_desc
         dxht = gt * wt
         dot = (tl.sum(dxh1 * xh1, axis=1) + tl.sum(dxh2 * xh2, axis=1)
                + tl.sum(dxht * xht, axis=1))[:, None] / D
-        if TMA == 1:
-            _store_rows_tma(dx_desc, b, s, h0.to(tl.int32), rstd * (dxh1 - xh1 * dot),
-                            rstd * (dxh2 - xh2 * dot), BLOCK_H, HALF)
-        else:
-            _store_rows(dx_ptr + b * sdb + s * sds + h * sdh, sdd, hm,
-                        rstd * (dxh1 - xh1 * dot), rstd * (dxh2 - xh2 * dot),
-                        rstd * (dxht - xht * dot), D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED,
-                        HAS_TAIL)
+        _store_rows(dx_ptr + b * sdb + s * sds + h * sdh, sdd, hm,
+                    rstd * (dxh1 - xh1 * dot), rstd * (dxh2 - xh2 * dot),
+                    rstd * (dxht - xht * dot), D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED,
+                    HAS_TAIL)
     prow = part_ptr + part_row * D
     tl.store(prow + o1, tl.sum(acc1, axis=0)[None, :], mask=pm)
     tl.store(prow + o2, tl.sum(acc2, axis=0)[None, :], mask=pm)
@@ -311,8 +284,7 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, x_desc, g_desc, dx_desc, w_desc
 
 @triton.jit
 def qk_norm_rope_bwd_kernel(
-        q_ptr, k_ptr, gq_ptr, gk_ptr, dq_ptr, dk_ptr, qw_ptr, kw_ptr, q_desc, k_desc, gq_desc,
-        gk_desc, dq_desc, dk_desc, qw_desc, kw_desc, qpart_ptr, kpart_ptr,
+        q_ptr, k_ptr, gq_ptr, gk_ptr, dq_ptr, dk_ptr, qw_ptr, kw_ptr, qpart_ptr, kpart_ptr,
         cos_ptr, sin_ptr, inv_ptr, pos_ptr,
         T, S, HQ, HK, Q_BLOCKS, K_BLOCKS, rows, eps, tokens_per_program,
         sqb, sqs, sqh, sqd, skb, sks, skh, skd,
@@ -322,37 +294,34 @@ def qk_norm_rope_bwd_kernel(
         D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
         TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr,
-        STAGES: tl.constexpr, TMA: tl.constexpr):
-    """Grid (token groups, q head blocks + k head blocks): dq, dk and the weight-gradient partial
-    rows (q: row ``group * Q_BLOCKS + block``; k likewise with K_BLOCKS); ``TMA``: q, k, dq_out,
-    dk_out, dq, dk and the weights through the eight descriptors (None otherwise). Group g takes
+        STAGES: tl.constexpr):
+    """Grid (token groups, q head blocks + k head blocks): dq, dk and the weight-gradient
+    partial rows (q: row ``group * Q_BLOCKS + block``; k likewise with K_BLOCKS). Group g takes
     tokens g, g + groups, g + 2 * groups, ...: the programs running at one time read and write
-    neighbouring tokens, as a copy would. Contiguous runs of tokens (g * tokens_per_program on) were
-    2-4% slower (H100, bf16, Qwen3-8B's heads, 3 programs per SM: 51.9, 190.5 and 374.8 us against
-    50.9, 186.1 and 367.3 at 4k, 4 x 4k and 32k tokens; one run, 2026-11-27). A head block's groups
-    are adjacent here, unlike the forward's grid: with a group's head blocks adjacent instead, the
-    backward took 7% longer at Qwen3-8B's 4 x 4096 tokens (H100, bf16, 2048 elements, 16 contiguous
-    tokens a program: 228.9 against 213.5 us in one run)."""
+    neighbouring tokens, as a copy would. Contiguous runs of tokens (g * tokens_per_program on)
+    were 2-4% slower (H100, bf16, Qwen3-8B's heads, 3 programs per SM: 51.9, 190.5 and 374.8 us
+    against 50.9, 186.1 and 367.3 at 4k, 4 x 4k and 32k tokens; one run, 2026-11-27).
+    A head block's groups are adjacent here, unlike the forward's grid: with a group's head
+    blocks adjacent instead, the backward took 7% longer at Qwen3-8B's 4 x 4096 tokens (H100,
+    bf16, 2048 elements, 16 contiguous tokens a program: 228.9 against 213.5 us in one run)."""
     grp = tl.program_id(0).to(tl.int64)
     hb = tl.program_id(1)
     token_step = tl.num_programs(0).to(tl.int64)
     if hb < Q_BLOCKS:
-        _backward_heads(q_ptr, gq_ptr, dq_ptr, qw_ptr, q_desc, gq_desc, dq_desc, qw_desc,
-                        qpart_ptr, grp * Q_BLOCKS + hb, grp,
+        _backward_heads(q_ptr, gq_ptr, dq_ptr, qw_ptr, qpart_ptr, grp * Q_BLOCKS + hb, grp,
                         token_step, T, S, hb.to(tl.int64) * BLOCK_HQ, HQ, eps, pos_ptr, psb, pss,
                         cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, sqb, sqs, sqh, sqd,
                         sgqb, sgqs, sgqh, sgqd, sdqb, sdqs, sdqh, sdqd, sqw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, TABLE, HAS_POS,
-                        GEMMA, HAS_TAIL, tokens_per_program, STAGES, TMA)
+                        GEMMA, HAS_TAIL, tokens_per_program, STAGES)
     else:
         kb = hb - Q_BLOCKS
-        _backward_heads(k_ptr, gk_ptr, dk_ptr, kw_ptr, k_desc, gk_desc, dk_desc, kw_desc,
-                        kpart_ptr, grp * K_BLOCKS + kb, grp,
+        _backward_heads(k_ptr, gk_ptr, dk_ptr, kw_ptr, kpart_ptr, grp * K_BLOCKS + kb, grp,
                         token_step, T, S, kb.to(tl.int64) * BLOCK_HK, HK, eps, pos_ptr, psb, pss,
                         cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, skb, sks, skh, skd,
                         sgkb, sgks, sgkh, sgkd, sdkb, sdks, sdkh, sdkd, skw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, TABLE, HAS_POS,
-                        GEMMA, HAS_TAIL, tokens_per_program, STAGES, TMA)
+                        GEMMA, HAS_TAIL, tokens_per_program, STAGES)
 
 
 # ---- norm over all heads of a token (OLMo2) ---------------------------------------------------
@@ -735,8 +704,8 @@ def _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_d
         c1, s1, c2, s2 = _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
                                  rows, tsr, tsc, HALF, PAIR_BLOCK, INTERLEAVED, TABLE, HAS_POS)
         if TMA:
-            x1, x2, xt = _load_rows_tma(x_desc, b, s, 0, BLOCK_H, HALF, TAIL_BLOCK)
-            g1, g2, gt = _load_rows_tma(g_desc, b, s, 0, BLOCK_H, HALF, TAIL_BLOCK)
+            x1, x2, xt = _load_rows_tma(x_desc, b, s, BLOCK_H, HALF, TAIL_BLOCK)
+            g1, g2, gt = _load_rows_tma(g_desc, b, s, BLOCK_H, HALF, TAIL_BLOCK)
         else:
             x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
                                     PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
@@ -763,7 +732,7 @@ def _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_d
         dx1 = rstd * (dz1 * w1 - xh1 * dot)
         dx2 = rstd * (dz2 * w2 - xh2 * dot)
         if TMA:
-            _store_rows_tma(dx_desc, b, s, 0, dx1, dx2, BLOCK_H, HALF)
+            _store_rows_tma(dx_desc, b, s, dx1, dx2, BLOCK_H, HALF)
         else:
             _store_rows(dx_ptr + b * sdb + s * sds + h * sdh, sdd, hm, dx1, dx2,
                         rstd * (gt * wt - xht * dot), D, HALF, PAIR_BLOCK, TAIL_BLOCK,
