@@ -382,12 +382,21 @@ def _token_paths(monkeypatch, passes: str) -> list[bool]:
     return paths
 
 
-def _tma_reads(monkeypatch, tma: bool) -> list[bool]:
-    """TOKEN_BWD_TMA set to ``tma``, on one SM (the interpreter's count, on a GPU too: these
-    cases' few tokens then give a program more than one, where TMA serves); returns, per
-    whole-token backward that could read through TMA, whether it did, recorded."""
-    monkeypatch.setattr(qknr, "TOKEN_BWD_TMA", tma)
+def _tma_reads(monkeypatch, passes: str) -> list[bool]:
+    """TOKEN_BWD_TMA set where ``passes`` says "TMA" (and TOKEN_BWD_TMA_QK_TOGETHER where it
+    says "together"), on one SM (the interpreter's count, on a GPU too: these cases' few tokens
+    then give a program more than one, where TMA serves); returns, per whole-token backward that
+    could read through TMA, whether it did, recorded."""
+    monkeypatch.setattr(qknr, "TOKEN_BWD_TMA", "TMA" in passes)
+    monkeypatch.setattr(qknr, "TOKEN_BWD_TMA_QK_TOGETHER", int("together" in passes))
     monkeypatch.setattr(qknr, "_sms", lambda device: 1)
+    launch = qknr._backward_token_norm
+
+    def checked(*args):  # q and k in one program exactly where asked for and through TMA
+        assert args[-1] == ("together" in passes and args[-3] is not None)
+        return launch(*args)
+
+    monkeypatch.setattr(qknr, "_backward_token_norm", checked)
     reads, descriptors = [], qknr._token_descriptors
 
     def recorded(*args):
@@ -447,7 +456,8 @@ def test_token_forward_warps_hold_q_and_k(monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-BACKWARD_PASSES = ["whole tokens, TMA", "whole tokens", "blocks of heads"]
+BACKWARD_PASSES = ["whole tokens, TMA", "whole tokens, TMA, q and k together", "whole tokens",
+                   "blocks of heads"]
 
 
 @pytest.mark.parametrize("passes", BACKWARD_PASSES)
@@ -457,10 +467,10 @@ def test_token_norm_backward(monkeypatch, case, passes):
     descriptors where the case allows it and else plain loads, or plain loads only; and in blocks
     of heads, in two passes (where a token's heads are too many for one block)."""
     paths = _token_paths(monkeypatch, passes)
-    reads = _tma_reads(monkeypatch, passes == "whole tokens, TMA")
+    reads = _tma_reads(monkeypatch, passes)
     check_backward(case)
     assert paths and paths[-1] == (passes != "blocks of heads")  # the backward launches last
-    if passes == "whole tokens, TMA":
+    if "TMA" in passes:
         assert reads and set(reads) == {TOKEN_TMA[TOKEN_IDS[TOKEN_CASES.index(case)]]}
     else:
         assert not reads
@@ -476,20 +486,20 @@ def test_token_norm_backward_several_tokens_per_program(monkeypatch, passes):
     monkeypatch.setattr(qknr, "TOKEN_BWD_TMA_TOKENS", 8)
     monkeypatch.setattr(qknr, "TOKEN_BWD_BLOCK_ELEMENTS", 512)
     paths = _token_paths(monkeypatch, passes)
-    reads = _tma_reads(monkeypatch, passes == "whole tokens, TMA")
+    reads = _tma_reads(monkeypatch, passes)
     c = Case(b=3, s=7, hq=3, hk=2, d=256, asymmetric=True, norm="token")  # TMA blocks of 1 KB+
     first = check_backward(c)
     second = check_backward(c)
     for name in ("dq", "dk", "dqw", "dkw"):
         assert torch.equal(first[name], second[name]), name
     assert paths and set(paths) == {passes != "blocks of heads"}
-    assert set(reads) == ({True} if passes == "whole tokens, TMA" else set())
+    assert set(reads) == ({True} if "TMA" in passes else set())
 
 
 def test_token_norm_backward_one_token_a_program_skips_tma(monkeypatch):
     """Where the SMs take a token each (here one token on the interpreter's one SM), TMA has no
     later token to stage: the backward reads with plain loads, and is correct."""
-    reads = _tma_reads(monkeypatch, True)
+    reads = _tma_reads(monkeypatch, "whole tokens, TMA")
     check_backward(Case(b=1, s=1, hq=3, hk=2, d=256, asymmetric=True, norm="token"))
     assert not reads
     check_backward(Case(b=1, s=2, hq=3, hk=2, d=256, asymmetric=True, norm="token"))
@@ -733,19 +743,20 @@ for fn, extra, elements, warps in (
           for together in (True, False)),
         (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS,
                                            "WHOLE_TOKEN": False, "TMA": False, **NO_DESCS,
-                                           "STAGES": Q.TOKEN_BWD_STAGES},
+                                           "QK_TOGETHER": False, "STAGES": Q.TOKEN_BWD_STAGES},
          Q.TOKEN_BWD_BLOCK_ELEMENTS, Q.BACKWARD_WARPS),
         (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS,
                                            "WHOLE_TOKEN": True, "TMA": False, **NO_DESCS,
-                                           "STAGES": Q.TOKEN_BWD_STAGES},
+                                           "QK_TOGETHER": False, "STAGES": Q.TOKEN_BWD_STAGES},
          Q.TOKEN_BWD_WHOLE_ELEMENTS,
          max(Q.BACKWARD_WARPS, 32 * 128 // Q.TOKEN_BWD_ELEMENTS_PER_WARP)),
-        (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.TOKEN_BWD_TMA_TOKENS,
-                                           "WHOLE_TOKEN": True, "TMA": True, **UNIT_STRIDES,
-                                           "STAGES": Q.TOKEN_BWD_TMA_STAGES,
-                                           "TABLES_ONLY": True},
-         Q.TOKEN_BWD_WHOLE_ELEMENTS,
-         None)):
+        # through TMA, q and k apart and together
+        *((K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.TOKEN_BWD_TMA_TOKENS,
+                                             "WHOLE_TOKEN": True, "TMA": True, **UNIT_STRIDES,
+                                             "QK_TOGETHER": together,
+                                             "STAGES": Q.TOKEN_BWD_TMA_STAGES,
+                                             "TABLES_ONLY": True},
+           Q.TOKEN_BWD_WHOLE_ELEMENTS, None) for together in (False, True))):
     tma = extra.get("TMA", False)
     contiguous_when_aligned = extra.pop("CONTIGUOUS_WHEN_ALIGNED", False)
     # the one-pass forward and the TMA backward never compute angles (the launcher's rule)
@@ -822,4 +833,4 @@ def test_kernels_compile_for_sm90_without_spills():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SM90], capture_output=True, text=True,
                        cwd=root, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("compiled") == 51
+    assert r.stdout.count("compiled") == 57

@@ -175,6 +175,9 @@ TOKEN_BWD_TMA_TOKENS = 512
 # the H200 (results/README.md, "OLMo2's norm through TMA: tried and dropped"): 2 took 56.1, 185.1
 # and 360.8 us at 4k, 4 x 4k and 32k tokens against 1's 49.8, 175.3 and 345.4.
 TOKEN_BWD_TMA_PROGRAMS_PER_SM = 1
+# Through TMA, a token's q and k in one program (1; grid: token groups) or in a program each (0;
+# grid: token groups x 2).
+TOKEN_BWD_TMA_QK_TOGETHER = 0
 TOKEN_BWD_TMA_STAGES = 3
 TOKEN_BWD_TMA_ELEMENTS_PER_WARP = {2: 1024, 4: 512}  # by element size
 # The per-head backward's block by (element size, whether the head has an unrotated tail).
@@ -614,7 +617,7 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
         return _backward_token_norm(g, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
                                     cos, sin, positions, base, gemma, layout, bq, bk, tpp,
                                     triton.cdiv(g.tokens, tpp), whole_token, warps, descs,
-                                    stages)
+                                    stages, descs is not None and bool(TOKEN_BWD_TMA_QK_TOGETHER))
     elements = HEAD_BWD_BLOCK_ELEMENTS[q.element_size(), g.rotary_dim < g.head_dim]
     bq = _block_heads(g.q_heads, g.head_dim, elements)
     bk = _block_heads(g.k_heads, g.head_dim, elements)
@@ -658,11 +661,12 @@ def weight_grads(qpart: Tensor, kpart: Tensor, q_weight: Tensor,
 
 def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
                          cos, sin, positions, base, gemma, layout, bq, bk, tpp, groups,
-                         whole_token, warps, descs, stages):
+                         whole_token, warps, descs, stages, together):
     """norm="token": one launch over (token groups, q and k), then the fixed-order sums of the
     ``[groups, heads * head_dim]`` partial rows. ``whole_token``: every head of q in one block
     of ``bq`` and of k in one of ``bk`` (one pass a token); ``descs``: the TMA descriptors of
-    :func:`_token_descriptors`, or None (plain loads and stores)."""
+    :func:`_token_descriptors`, or None (plain loads and stores); ``together`` (through TMA
+    only): a token's q and k in one program."""
     qpart = _alloc.empty((groups, g.q_heads * g.head_dim), dtype=torch.float32, device=q.device)
     kpart = _alloc.empty((groups, g.k_heads * g.head_dim), dtype=torch.float32, device=q.device)
     if descs is not None:
@@ -670,7 +674,7 @@ def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_
     if g.tokens and g.q_heads + g.k_heads:
         ptrs, kw = _common(g, q, cos, sin, positions, base)
         with _triton.device_guard(q.device):
-            K.qk_token_norm_rope_bwd_kernel[(groups, 2)](
+            K.qk_token_norm_rope_bwd_kernel[(groups, 1 if together else 2)](
                 q, k, dq_out, dk_out, *(descs or (None,) * 10), dq, dk, q_weight, k_weight, qpart,
                 kpart, *ptrs,
                 g.tokens, g.seqlen, g.q_heads, g.k_heads, max(g.table_rows, 1), float(eps),
@@ -678,8 +682,8 @@ def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_
                 *_strides(dq_out, layout), *_strides(dk_out, layout), *_strides(dq, layout),
                 *_strides(dk, layout), q_weight.stride(0), k_weight.stride(0),
                 BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, TOKENS_PER_PROGRAM=tpp,
-                WHOLE_TOKEN=whole_token, TMA=descs is not None, STAGES=stages, num_warps=warps,
-                **kw)
+                WHOLE_TOKEN=whole_token, TMA=descs is not None, QK_TOGETHER=together,
+                STAGES=stages, num_warps=warps, **kw)
     return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight)
 
 

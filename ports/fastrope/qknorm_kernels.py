@@ -550,14 +550,14 @@ def _store_partial_rows(row_ptr, hh, acc1, acc2, acct, D: tl.constexpr, HALF: tl
 
 
 @triton.jit
-def _backward_token(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_desc, dx_ptr, w_ptr,
-                    part_ptr, grp, tok0, T, S, n_heads, eps, pos_ptr, psb, pss, cos_ptr, sin_ptr,
-                    inv_ptr, rows, tsr, tsc, sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds,
-                    sdh, sdd, sw, D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
-                    TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
-                    TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
-                    HAS_TAIL: tl.constexpr, TOKENS_PER_PROGRAM: tl.constexpr,
-                    WHOLE_TOKEN: tl.constexpr, TMA: tl.constexpr, STAGES: tl.constexpr):
+def _backward_token(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, grp, tok0, T, S, n_heads, eps,
+                    pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, sxb, sxs, sxh,
+                    sxd, sgb, sgs, sgh, sgd, sdb, sds, sdh, sdd, sw, D: tl.constexpr,
+                    HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
+                    BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr, TABLE: tl.constexpr,
+                    HAS_POS: tl.constexpr, GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr,
+                    TOKENS_PER_PROGRAM: tl.constexpr, WHOLE_TOKEN: tl.constexpr,
+                    STAGES: tl.constexpr):
     """dx of every head of tokens tok0 .. tok0 + TOKENS_PER_PROGRAM - 1, and their weight-gradient
     partial sums as row ``grp`` of the [programs, heads * D] buffer: ``WHOLE_TOKEN`` (every head in
     one block), one pass a token (:func:`_backward_whole_tokens`); else two passes over blocks of
@@ -569,12 +569,11 @@ def _backward_token(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_desc, dx
     summed in registers. Pass 2 reads the program's tokens again: from DRAM once the resident
     programs' TOKENS_PER_PROGRAM tokens outgrow the L2."""
     if WHOLE_TOKEN:
-        _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_desc, dx_ptr,
-                               w_ptr, part_ptr, grp, tok0, T, S, n_heads, eps, pos_ptr, psb, pss,
-                               cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, sxb, sxs, sxh, sxd,
-                               sgb, sgs, sgh, sgd, sdb, sds, sdh, sdd, sw, D, HALF, PAIR_BLOCK,
-                               TAIL_BLOCK, BLOCK_H, INTERLEAVED, TABLE, HAS_POS, GEMMA, HAS_TAIL,
-                               TOKENS_PER_PROGRAM, TMA, STAGES)
+        _backward_whole_tokens(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, grp, tok0, T, S, n_heads,
+                               eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
+                               sxb, sxs, sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds, sdh, sdd, sw, D,
+                               HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_H, INTERLEAVED, TABLE, HAS_POS,
+                               GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, STAGES)
     else:
         n = n_heads * D
         slots = tl.arange(0, TOKENS_PER_PROGRAM)
@@ -650,32 +649,18 @@ def _backward_token(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_desc, dx
 
 
 @triton.jit
-def _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_desc, dx_ptr,
-                           w_ptr, part_ptr, grp, tok0, T, S, n_heads, eps, pos_ptr, psb, pss,
-                           cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, sxb, sxs, sxh, sxd, sgb,
-                           sgs, sgh, sgd, sdb, sds, sdh, sdd, sw,
+def _backward_whole_tokens(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, grp, tok0, T, S, n_heads, eps,
+                           pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, sxb, sxs,
+                           sxh, sxd, sgb, sgs, sgh, sgd, sdb, sds, sdh, sdd, sw,
                            D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
                            TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr,
                            INTERLEAVED: tl.constexpr, TABLE: tl.constexpr, HAS_POS: tl.constexpr,
                            GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr,
-                           TOKENS_PER_PROGRAM: tl.constexpr, TMA: tl.constexpr,
-                           STAGES: tl.constexpr):
+                           TOKENS_PER_PROGRAM: tl.constexpr, STAGES: tl.constexpr):
     """:func:`_backward_token` with every head of a token in one block (n_heads <= BLOCK_H):
     per token, its rows of x and dy are read once, the sums, dx and the dweight terms all come
-    from the registers. With plain loads Triton's pipeliner stages none of a later token's rows.
-
-    ``TMA`` (rotate-half, no tail): every tensor the loop touches goes through a descriptor. x
-    and dy come through ``x_desc`` and ``g_desc`` (:func:`_load_rows_tma`), and STAGES > 1 keeps
-    later tokens' rows in flight in shared memory while a token is computed; the weight comes
-    once through ``w_desc`` (``[heads, D]``), dx leaves through ``dx_desc`` and the partial row
-    through ``part_desc`` (``[programs, heads, D]``). Rows past the tensors read as 0 and are not
-    written, so no lane needs a mask. Why every one: where Triton cannot prove a launch's strides
-    divisible by 16, a pointer load or store fixes its tensor's register layout (the weight's
-    fp32 rows one, dx's 16-bit rows another) and the loop computes the token twice, once in each
-    layout; through descriptors it has one. ptxas, sm_90, Triton 3.6, Qwen3-8B's 32 heads of 128
-    in bf16 on 4 warps, strides not known divisible (the sm_90 compile test's build): 255
-    registers and 244 bytes spilled with pointers, 168 and none so. With strides divisible by 16
-    (Qwen3-8B's launch) both have one layout: 168 registers, 4 and 0 bytes spilled.
+    from the registers. With plain loads Triton's pipeliner stages none of a later token's rows
+    (:func:`_backward_tokens_tma` reads them through TMA descriptors instead).
 
     Its per-token lines repeat pass 2 of :func:`_backward_token`: sharing them through helper
     functions reordered the instructions, and ptxas then spilled registers in the two-pass
@@ -688,13 +673,6 @@ def _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_d
     acc1 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
     acc2 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
     acct = tl.zeros([BLOCK_H, TAIL_BLOCK], dtype=tl.float32)
-    if TMA:
-        w1 = w_desc.load([0, 0]).to(tl.float32)
-        w2 = w_desc.load([0, HALF]).to(tl.float32)
-        wt = tl.zeros([1, TAIL_BLOCK], dtype=tl.float32)
-        if GEMMA:
-            w1 = w1 + 1.0
-            w2 = w2 + 1.0
     for i in tl.range(TOKENS_PER_PROGRAM, num_stages=STAGES):
         tok = tok0 + i
         valid = tok < T
@@ -703,47 +681,111 @@ def _backward_whole_tokens(x_ptr, g_ptr, x_desc, g_desc, dx_desc, w_desc, part_d
         hm = hh & valid
         c1, s1, c2, s2 = _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
                                  rows, tsr, tsc, HALF, PAIR_BLOCK, INTERLEAVED, TABLE, HAS_POS)
-        if TMA:
-            x1, x2, xt = _load_rows_tma(x_desc, b, s, BLOCK_H, HALF, TAIL_BLOCK)
-            g1, g2, gt = _load_rows_tma(g_desc, b, s, BLOCK_H, HALF, TAIL_BLOCK)
-        else:
-            x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
-                                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
-            g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
-                                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
-            w1, w2, wt = _head_weights(w_ptr, sw, h, hh, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
-                                       INTERLEAVED, GEMMA, HAS_TAIL)
+        x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
+                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+        g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
+                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+        w1, w2, wt = _head_weights(w_ptr, sw, h, hh, D, HALF, PAIR_BLOCK, TAIL_BLOCK,
+                                   INTERLEAVED, GEMMA, HAS_TAIL)
         dz1 = g1 * c1 + g2 * s2
         dz2 = g2 * c2 - g1 * s1
         ss, sd = _token_sums(x1, x2, xt, dz1 * w1, dz2 * w2, gt * wt, HAS_TAIL)
         rstd = tl.rsqrt(ss / n + eps)
         dot = rstd * sd / n
-        if TMA:
-            xh1 = x1 * rstd
-            xh2 = x2 * rstd
-            xht = xt * rstd
-        else:
-            xh1 = tl.where(hm & pm, x1 * rstd, 0.0)
-            xh2 = tl.where(hm & pm, x2 * rstd, 0.0)
-            xht = tl.where(hm, xt * rstd, 0.0)
+        xh1 = tl.where(hm & pm, x1 * rstd, 0.0)
+        xh2 = tl.where(hm & pm, x2 * rstd, 0.0)
+        xht = tl.where(hm, xt * rstd, 0.0)
         acc1 += dz1 * xh1
         acc2 += dz2 * xh2
         acct += gt * xht
-        dx1 = rstd * (dz1 * w1 - xh1 * dot)
-        dx2 = rstd * (dz2 * w2 - xh2 * dot)
-        if TMA:
-            _store_rows_tma(dx_desc, b, s, dx1, dx2, BLOCK_H, HALF)
-        else:
-            _store_rows(dx_ptr + b * sdb + s * sds + h * sdh, sdd, hm, dx1, dx2,
-                        rstd * (gt * wt - xht * dot), D, HALF, PAIR_BLOCK, TAIL_BLOCK,
-                        INTERLEAVED, HAS_TAIL)
-    if TMA:
-        gi = grp.to(tl.int32)
-        part_desc.store([gi, 0, 0], acc1.reshape(1, BLOCK_H, HALF))
-        part_desc.store([gi, 0, HALF], acc2.reshape(1, BLOCK_H, HALF))
-    else:
-        _store_partial_rows(part_ptr + grp * n + h * D, hh, acc1, acc2, acct, D, HALF,
-                            PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+        _store_rows(dx_ptr + b * sdb + s * sds + h * sdh, sdd, hm, rstd * (dz1 * w1 - xh1 * dot),
+                    rstd * (dz2 * w2 - xh2 * dot), rstd * (gt * wt - xht * dot), D, HALF,
+                    PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+    _store_partial_rows(part_ptr + grp * n + h * D, hh, acc1, acc2, acct, D, HALF,
+                        PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
+
+
+@triton.jit
+def _tma_weights(w_desc, HALF: tl.constexpr, GEMMA: tl.constexpr):
+    """A token-norm weight's pair members [heads, HALF] as fp32, through its descriptor."""
+    w1 = w_desc.load([0, 0]).to(tl.float32)
+    w2 = w_desc.load([0, HALF]).to(tl.float32)
+    if GEMMA:
+        w1 = w1 + 1.0
+        w2 = w2 + 1.0
+    return w1, w2
+
+
+@triton.jit
+def _tma_token_step(x_desc, g_desc, dx_desc, b, s, w1, w2, acc1, acc2, n, eps, c1, s1, c2, s2,
+                    BLOCK_H: tl.constexpr, HALF: tl.constexpr, TAIL_BLOCK: tl.constexpr):
+    """One token of one tensor in :func:`_backward_tokens_tma`: its rows of x and dy through
+    their descriptors, the token's two sums, dx out through ``dx_desc``; returns the dweight
+    terms ``dz * x_hat`` added to (acc1, acc2)."""
+    x1, x2, xt = _load_rows_tma(x_desc, b, s, BLOCK_H, HALF, TAIL_BLOCK)
+    g1, g2, gt = _load_rows_tma(g_desc, b, s, BLOCK_H, HALF, TAIL_BLOCK)
+    dz1 = g1 * c1 + g2 * s2
+    dz2 = g2 * c2 - g1 * s1
+    ss, sd = _token_sums(x1, x2, xt, dz1 * w1, dz2 * w2, gt, False)
+    rstd = tl.rsqrt(ss / n + eps)
+    dot = rstd * sd / n
+    xh1 = x1 * rstd
+    xh2 = x2 * rstd
+    _store_rows_tma(dx_desc, b, s, rstd * (dz1 * w1 - xh1 * dot), rstd * (dz2 * w2 - xh2 * dot),
+                    BLOCK_H, HALF)
+    return acc1 + dz1 * xh1, acc2 + dz2 * xh2
+
+
+@triton.jit
+def _backward_tokens_tma(xa_desc, ga_desc, dxa_desc, wa_desc, pa_desc, xb_desc, gb_desc,
+                         dxb_desc, wb_desc, pb_desc, grp, tok0, T, S, na, nb, eps, pos_ptr, psb,
+                         pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, HALF: tl.constexpr,
+                         PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
+                         BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, TABLE: tl.constexpr,
+                         HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
+                         TOKENS_PER_PROGRAM: tl.constexpr, STAGES: tl.constexpr,
+                         TWO: tl.constexpr):
+    """The whole-token backward (rotate-half, no tail) through TMA descriptors, for one tensor
+    (a: q or k) or, ``TWO``, for two (a: q, b: k) in one loop: per token, the angles once, then
+    each tensor's rows, sums and dx (:func:`_tma_token_step`); ``na``, ``nb``: each tensor's
+    channels (heads * D). x and dy come through ``*x_desc`` and ``*g_desc``
+    (:func:`_load_rows_tma`), and STAGES > 1 keeps later tokens' rows in flight in shared
+    memory while a token is computed; each weight comes once through ``*w_desc`` (``[heads,
+    D]``), dx leaves through ``*dx_desc`` and the partial row through ``*p_desc`` (``[programs,
+    heads, D]``). Rows past the tensors read as 0 and are not written, so no lane needs a mask.
+    Why every one: where Triton cannot prove a launch's strides divisible by 16, a pointer load
+    or store fixes its tensor's register layout (the weight's fp32 rows one, dx's 16-bit rows
+    another) and the loop computes the token twice, once in each layout; through descriptors it
+    has one. ptxas, sm_90, Triton 3.6, Qwen3-8B's 32 heads of 128 in bf16 on 4 warps, strides
+    not known divisible (the sm_90 compile test's build): 255 registers and 244 bytes spilled
+    with pointers, 168 and none so. With strides divisible by 16 (Qwen3-8B's launch) both have
+    one layout: 168 registers, 4 and 0 bytes spilled."""
+    wa1, wa2 = _tma_weights(wa_desc, HALF, GEMMA)
+    acca1 = tl.zeros([BLOCK_A, HALF], dtype=tl.float32)
+    acca2 = tl.zeros([BLOCK_A, HALF], dtype=tl.float32)
+    if TWO:
+        wb1, wb2 = _tma_weights(wb_desc, HALF, GEMMA)
+        accb1 = tl.zeros([BLOCK_B, HALF], dtype=tl.float32)
+        accb2 = tl.zeros([BLOCK_B, HALF], dtype=tl.float32)
+    for i in tl.range(TOKENS_PER_PROGRAM, num_stages=STAGES):
+        tok = tok0 + i
+        valid = tok < T
+        b = tok // S
+        s = tok - b * S
+        c1, s1, c2, s2 = _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
+                                 rows, tsr, tsc, HALF, PAIR_BLOCK, False, TABLE, HAS_POS)
+        acca1, acca2 = _tma_token_step(xa_desc, ga_desc, dxa_desc, b, s, wa1, wa2, acca1, acca2,
+                                       na, eps, c1, s1, c2, s2, BLOCK_A, HALF, TAIL_BLOCK)
+        if TWO:
+            accb1, accb2 = _tma_token_step(xb_desc, gb_desc, dxb_desc, b, s, wb1, wb2, accb1,
+                                           accb2, nb, eps, c1, s1, c2, s2, BLOCK_B, HALF,
+                                           TAIL_BLOCK)
+    gi = grp.to(tl.int32)
+    pa_desc.store([gi, 0, 0], acca1.reshape(1, BLOCK_A, HALF))
+    pa_desc.store([gi, 0, HALF], acca2.reshape(1, BLOCK_A, HALF))
+    if TWO:
+        pb_desc.store([gi, 0, 0], accb1.reshape(1, BLOCK_B, HALF))
+        pb_desc.store([gi, 0, HALF], accb2.reshape(1, BLOCK_B, HALF))
 
 
 @triton.jit
@@ -760,28 +802,46 @@ def qk_token_norm_rope_bwd_kernel(
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
         TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr,
         TOKENS_PER_PROGRAM: tl.constexpr, WHOLE_TOKEN: tl.constexpr, TMA: tl.constexpr,
-        STAGES: tl.constexpr):
+        QK_TOGETHER: tl.constexpr, STAGES: tl.constexpr):
     """Grid (token groups, 2): dq (y 0) or dk (y 1) and the weight-gradient partial row
     ``group`` of ``[groups, heads * D]``; ``WHOLE_TOKEN``: every head of q in one block of
     BLOCK_HQ, and of k in one of BLOCK_HK; ``TMA`` (whole tokens only): q, k, dq_out, dk_out,
-    dq, dk, the weights and the partial rows through the ten descriptors (None otherwise)."""
+    dq, dk, the weights and the partial rows through the ten descriptors (None otherwise);
+    ``QK_TOGETHER`` (TMA only): grid (token groups, 1), each program a token's q and k."""
     grp = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
     tok0 = grp * TOKENS_PER_PROGRAM
-    if which == 0:
-        _backward_token(q_ptr, gq_ptr, q_desc, gq_desc, dq_desc, qw_desc, qpart_desc, dq_ptr,
-                        qw_ptr, qpart_ptr, grp, tok0, T, S, HQ, eps, pos_ptr, psb, pss, cos_ptr,
-                        sin_ptr, inv_ptr, rows, tsr, tsc,
+    if TMA:
+        if QK_TOGETHER:
+            _backward_tokens_tma(q_desc, gq_desc, dq_desc, qw_desc, qpart_desc, k_desc, gk_desc,
+                                 dk_desc, kw_desc, kpart_desc, grp, tok0, T, S, HQ * D, HK * D,
+                                 eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr,
+                                 tsc, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, BLOCK_HK, TABLE,
+                                 HAS_POS, GEMMA, TOKENS_PER_PROGRAM, STAGES, True)
+        elif which == 0:
+            _backward_tokens_tma(q_desc, gq_desc, dq_desc, qw_desc, qpart_desc, q_desc, gq_desc,
+                                 dq_desc, qw_desc, qpart_desc, grp, tok0, T, S, HQ * D, HQ * D,
+                                 eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr,
+                                 tsc, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, BLOCK_HQ, TABLE,
+                                 HAS_POS, GEMMA, TOKENS_PER_PROGRAM, STAGES, False)
+        else:
+            _backward_tokens_tma(k_desc, gk_desc, dk_desc, kw_desc, kpart_desc, k_desc, gk_desc,
+                                 dk_desc, kw_desc, kpart_desc, grp, tok0, T, S, HK * D, HK * D,
+                                 eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr,
+                                 tsc, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, BLOCK_HK, TABLE,
+                                 HAS_POS, GEMMA, TOKENS_PER_PROGRAM, STAGES, False)
+    elif which == 0:
+        _backward_token(q_ptr, gq_ptr, dq_ptr, qw_ptr, qpart_ptr, grp, tok0, T, S, HQ, eps,
+                        pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
                         sqb, sqs, sqh, sqd, sgqb, sgqs, sgqh, sgqd, sdqb, sdqs, sdqh, sdqd, sqw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, TABLE, HAS_POS,
-                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, WHOLE_TOKEN, TMA, STAGES)
+                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, WHOLE_TOKEN, STAGES)
     else:
-        _backward_token(k_ptr, gk_ptr, k_desc, gk_desc, dk_desc, kw_desc, kpart_desc, dk_ptr,
-                        kw_ptr, kpart_ptr, grp, tok0, T, S, HK, eps, pos_ptr, psb, pss, cos_ptr,
-                        sin_ptr, inv_ptr, rows, tsr, tsc,
+        _backward_token(k_ptr, gk_ptr, dk_ptr, kw_ptr, kpart_ptr, grp, tok0, T, S, HK, eps,
+                        pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
                         skb, sks, skh, skd, sgkb, sgks, sgkh, sgkd, sdkb, sdks, sdkh, sdkd, skw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, TABLE, HAS_POS,
-                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, WHOLE_TOKEN, TMA, STAGES)
+                        GEMMA, HAS_TAIL, TOKENS_PER_PROGRAM, WHOLE_TOKEN, STAGES)
 
 
 # ---- the weight gradients: the partial rows' column sums ----------------------------------------
