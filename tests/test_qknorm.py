@@ -751,7 +751,8 @@ for fn, extra, elements, warps in (
          Q.TOKEN_BWD_WHOLE_ELEMENTS,
          max(Q.BACKWARD_WARPS, 32 * 128 // Q.TOKEN_BWD_ELEMENTS_PER_WARP)),
         # through TMA, q and k apart and together
-        *((K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.TOKEN_BWD_TMA_TOKENS,
+        # (a runtime count of tokens a program; the constexpr one unused)
+        *((K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": 1,
                                              "WHOLE_TOKEN": True, "TMA": True, **UNIT_STRIDES,
                                              "QK_TOGETHER": together,
                                              "STAGES": Q.TOKEN_BWD_TMA_STAGES,

@@ -159,7 +159,7 @@ TOKEN_BWD_STAGES = 1  # the whole-token loop's software-pipelining stages
 # ordered batch-major: bshd or thd; angles from tables; Hopper or later, or the interpreter) and a
 # program gets more than one token: in TOKEN_BWD_TMA_STAGES pipelining stages later tokens' rows
 # wait in shared memory instead of registers, so more of the stream is in flight. Tokens a
-# program: as many as spread them over the SMs, a power of two, at most TOKEN_BWD_TMA_TOKENS; a
+# program: as many as spread them evenly over the SMs, at most TOKEN_BWD_TMA_TOKENS; a
 # warp per TOKEN_BWD_TMA_ELEMENTS_PER_WARP (by element size). Swept on the H100 and the H200 at
 # Qwen3-8B's 32/8 heads, bf16, full tables (tools/qknorm_launch_sweep.py --direction
 # token-backward-tma, results/README.md, "OLMo2's norm backward on 4 warps, its tokens spread
@@ -171,10 +171,12 @@ TOKEN_BWD_STAGES = 1  # the whole-token loop's software-pipelining stages
 # divisible by 16.
 TOKEN_BWD_TMA = True
 TOKEN_BWD_TMA_TOKENS = 512
-# The tokens are spread over this many q programs an SM: more, shorter pipelines were slower on
-# the H200 (results/README.md, "OLMo2's norm through TMA: tried and dropped"): 2 took 56.1, 185.1
-# and 360.8 us at 4k, 4 x 4k and 32k tokens against 1's 49.8, 175.3 and 345.4.
-TOKEN_BWD_TMA_PROGRAMS_PER_SM = 1
+# The tokens are spread evenly over this many programs an SM (a q and a k program where they are
+# apart, two programs of both where together), any count a program: more, shorter pipelines
+# were slower on the H200 (results/README.md, "OLMo2's norm through TMA: tried and dropped"): 2 q
+# programs an SM took 56.1, 185.1 and 360.8 us at 4k, 4 x 4k and 32k tokens against 1's 49.8,
+# 175.3 and 345.4.
+TOKEN_BWD_TMA_PROGRAMS_PER_SM = 2
 # Through TMA, a token's q and k in one program (1; grid: token groups) or in a program each (0;
 # grid: token groups x 2).
 TOKEN_BWD_TMA_QK_TOGETHER = 0
@@ -607,17 +609,18 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
         if whole_token and TOKEN_BWD_TMA and g.tokens > _sms(q.device):
             descs = _token_descriptors(g, layout, (q, k, dq_out, dk_out), (dq, dk),
                                        (q_weight, k_weight), (bq, bk))
+        together = descs is not None and bool(TOKEN_BWD_TMA_QK_TOGETHER)
         if descs is not None:
-            p2 = triton.next_power_of_2
-            tpp = min(TOKEN_BWD_TMA_TOKENS, p2(triton.cdiv(
-                g.tokens, TOKEN_BWD_TMA_PROGRAMS_PER_SM * _sms(q.device))))
+            groups_an_sm = max(1, TOKEN_BWD_TMA_PROGRAMS_PER_SM // (1 if together else 2))
+            tpp = min(TOKEN_BWD_TMA_TOKENS,
+                      triton.cdiv(g.tokens, groups_an_sm * _sms(q.device)))
             stages = TOKEN_BWD_TMA_STAGES
             per_warp = TOKEN_BWD_TMA_ELEMENTS_PER_WARP[q.element_size()]
-            warps = max(BACKWARD_WARPS, bq * p2(g.head_dim) // per_warp)
+            warps = max(BACKWARD_WARPS, bq * triton.next_power_of_2(g.head_dim) // per_warp)
         return _backward_token_norm(g, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
                                     cos, sin, positions, base, gemma, layout, bq, bk, tpp,
                                     triton.cdiv(g.tokens, tpp), whole_token, warps, descs,
-                                    stages, descs is not None and bool(TOKEN_BWD_TMA_QK_TOGETHER))
+                                    stages, together)
     elements = HEAD_BWD_BLOCK_ELEMENTS[q.element_size(), g.rotary_dim < g.head_dim]
     bq = _block_heads(g.q_heads, g.head_dim, elements)
     bk = _block_heads(g.k_heads, g.head_dim, elements)
@@ -678,10 +681,12 @@ def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_
                 q, k, dq_out, dk_out, *(descs or (None,) * 10), dq, dk, q_weight, k_weight, qpart,
                 kpart, *ptrs,
                 g.tokens, g.seqlen, g.q_heads, g.k_heads, max(g.table_rows, 1), float(eps),
-                *_strides(q, layout), *_strides(k, layout),
+                tpp, *_strides(q, layout), *_strides(k, layout),
                 *_strides(dq_out, layout), *_strides(dk_out, layout), *_strides(dq, layout),
                 *_strides(dk, layout), q_weight.stride(0), k_weight.stride(0),
-                BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma, TOKENS_PER_PROGRAM=tpp,
+                BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma,
+                # through TMA the count is a runtime argument: one build for any count
+                TOKENS_PER_PROGRAM=1 if descs is not None else tpp,
                 WHOLE_TOKEN=whole_token, TMA=descs is not None, QK_TOGETHER=together,
                 STAGES=stages, num_warps=warps, **kw)
     return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight)

@@ -739,27 +739,27 @@ def _tma_token_step(x_desc, g_desc, dx_desc, b, s, w1, w2, acc1, acc2, n, eps, c
 @triton.jit
 def _backward_tokens_tma(xa_desc, ga_desc, dxa_desc, wa_desc, pa_desc, xb_desc, gb_desc,
                          dxb_desc, wb_desc, pb_desc, grp, tok0, T, S, na, nb, eps, pos_ptr, psb,
-                         pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, HALF: tl.constexpr,
-                         PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
+                         pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, tokens_per_program,
+                         HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
                          BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, TABLE: tl.constexpr,
-                         HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
-                         TOKENS_PER_PROGRAM: tl.constexpr, STAGES: tl.constexpr,
+                         HAS_POS: tl.constexpr, GEMMA: tl.constexpr, STAGES: tl.constexpr,
                          TWO: tl.constexpr):
-    """The whole-token backward (rotate-half, no tail) through TMA descriptors, for one tensor
-    (a: q or k) or, ``TWO``, for two (a: q, b: k) in one loop: per token, the angles once, then
-    each tensor's rows, sums and dx (:func:`_tma_token_step`); ``na``, ``nb``: each tensor's
-    channels (heads * D). x and dy come through ``*x_desc`` and ``*g_desc``
-    (:func:`_load_rows_tma`), and STAGES > 1 keeps later tokens' rows in flight in shared
-    memory while a token is computed; each weight comes once through ``*w_desc`` (``[heads,
-    D]``), dx leaves through ``*dx_desc`` and the partial row through ``*p_desc`` (``[programs,
-    heads, D]``). Rows past the tensors read as 0 and are not written, so no lane needs a mask.
-    Why every one: where Triton cannot prove a launch's strides divisible by 16, a pointer load
-    or store fixes its tensor's register layout (the weight's fp32 rows one, dx's 16-bit rows
-    another) and the loop computes the token twice, once in each layout; through descriptors it
-    has one. ptxas, sm_90, Triton 3.6, Qwen3-8B's 32 heads of 128 in bf16 on 4 warps, strides
-    not known divisible (the sm_90 compile test's build): 255 registers and 244 bytes spilled
-    with pointers, 168 and none so. With strides divisible by 16 (Qwen3-8B's launch) both have
-    one layout: 168 registers, 4 and 0 bytes spilled."""
+    """The whole-token backward (rotate-half, no tail) through TMA descriptors, for one tensor (a: q
+    or k) or, ``TWO``, for two (a: q, b: k) in one loop: per token, the angles once, then each
+    tensor's rows, sums and dx (:func:`_tma_token_step`); ``na``, ``nb``: each tensor's channels
+    (heads * D). ``tokens_per_program`` is a runtime count: the launcher spreads the tokens over
+    every SM without a compile per count. x and dy come through ``*x_desc`` and ``*g_desc``
+    (:func:`_load_rows_tma`), and STAGES > 1 keeps later tokens' rows in flight in shared memory
+    while a token is computed; each weight comes once through ``*w_desc`` (``[heads, D]``), dx
+    leaves through ``*dx_desc`` and the partial row through ``*p_desc`` (``[programs, heads, D]``).
+    Rows past the tensors read as 0 and are not written, so no lane needs a mask. Why every one:
+    where Triton cannot prove a launch's strides divisible by 16, a pointer load or store fixes its
+    tensor's register layout (the weight's fp32 rows one, dx's 16-bit rows another) and the loop
+    computes the token twice, once in each layout; through descriptors it has one. ptxas, sm_90,
+    Triton 3.6, Qwen3-8B's 32 heads of 128 in bf16 on 4 warps, strides not known divisible (the
+    sm_90 compile test's build): 255 registers and 244 bytes spilled with pointers, 168 and none so.
+    With strides divisible by 16 (Qwen3-8B's launch) both have one layout: 168 registers, 4 and 0
+    bytes spilled."""
     wa1, wa2 = _tma_weights(wa_desc, HALF, GEMMA)
     acca1 = tl.zeros([BLOCK_A, HALF], dtype=tl.float32)
     acca2 = tl.zeros([BLOCK_A, HALF], dtype=tl.float32)
@@ -767,7 +767,7 @@ def _backward_tokens_tma(xa_desc, ga_desc, dxa_desc, wa_desc, pa_desc, xb_desc, 
         wb1, wb2 = _tma_weights(wb_desc, HALF, GEMMA)
         accb1 = tl.zeros([BLOCK_B, HALF], dtype=tl.float32)
         accb2 = tl.zeros([BLOCK_B, HALF], dtype=tl.float32)
-    for i in tl.range(TOKENS_PER_PROGRAM, num_stages=STAGES):
+    for i in tl.range(tokens_per_program, num_stages=STAGES):
         tok = tok0 + i
         valid = tok < T
         b = tok // S
@@ -793,7 +793,7 @@ def qk_token_norm_rope_bwd_kernel(
         q_ptr, k_ptr, gq_ptr, gk_ptr, q_desc, k_desc, gq_desc, gk_desc, dq_desc, dk_desc,
         qw_desc, kw_desc, qpart_desc, kpart_desc, dq_ptr, dk_ptr, qw_ptr, kw_ptr, qpart_ptr,
         kpart_ptr, cos_ptr, sin_ptr, inv_ptr, pos_ptr,
-        T, S, HQ, HK, rows, eps,
+        T, S, HQ, HK, rows, eps, tma_tokens,
         sqb, sqs, sqh, sqd, skb, sks, skh, skd,
         sgqb, sgqs, sgqh, sgqd, sgkb, sgks, sgkh, sgkd,
         sdqb, sdqs, sdqh, sdqd, sdkb, sdks, sdkh, sdkd,
@@ -804,32 +804,37 @@ def qk_token_norm_rope_bwd_kernel(
         TOKENS_PER_PROGRAM: tl.constexpr, WHOLE_TOKEN: tl.constexpr, TMA: tl.constexpr,
         QK_TOGETHER: tl.constexpr, STAGES: tl.constexpr):
     """Grid (token groups, 2): dq (y 0) or dk (y 1) and the weight-gradient partial row
-    ``group`` of ``[groups, heads * D]``; ``WHOLE_TOKEN``: every head of q in one block of
-    BLOCK_HQ, and of k in one of BLOCK_HK; ``TMA`` (whole tokens only): q, k, dq_out, dk_out,
-    dq, dk, the weights and the partial rows through the ten descriptors (None otherwise);
-    ``QK_TOGETHER`` (TMA only): grid (token groups, 1), each program a token's q and k."""
+    ``group`` of ``[groups, heads * D]``, group g the tokens from g * TOKENS_PER_PROGRAM on;
+    ``WHOLE_TOKEN``: every head of q in one block of BLOCK_HQ, and of k in one of BLOCK_HK;
+    ``TMA`` (whole tokens only): q, k, dq_out, dk_out, dq, dk, the weights and the partial rows
+    through the ten descriptors (None otherwise), ``tma_tokens`` tokens a group (a runtime
+    count; TOKENS_PER_PROGRAM unused); ``QK_TOGETHER`` (TMA only): grid (token groups, 1), each
+    program a token's q and k."""
     grp = tl.program_id(0).to(tl.int64)
     which = tl.program_id(1)
-    tok0 = grp * TOKENS_PER_PROGRAM
+    if TMA:
+        tok0 = grp * tma_tokens
+    else:
+        tok0 = grp * TOKENS_PER_PROGRAM
     if TMA:
         if QK_TOGETHER:
             _backward_tokens_tma(q_desc, gq_desc, dq_desc, qw_desc, qpart_desc, k_desc, gk_desc,
                                  dk_desc, kw_desc, kpart_desc, grp, tok0, T, S, HQ * D, HK * D,
                                  eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr,
-                                 tsc, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, BLOCK_HK, TABLE,
-                                 HAS_POS, GEMMA, TOKENS_PER_PROGRAM, STAGES, True)
+                                 tsc, tma_tokens, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ,
+                                 BLOCK_HK, TABLE, HAS_POS, GEMMA, STAGES, True)
         elif which == 0:
             _backward_tokens_tma(q_desc, gq_desc, dq_desc, qw_desc, qpart_desc, q_desc, gq_desc,
                                  dq_desc, qw_desc, qpart_desc, grp, tok0, T, S, HQ * D, HQ * D,
                                  eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr,
-                                 tsc, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, BLOCK_HQ, TABLE,
-                                 HAS_POS, GEMMA, TOKENS_PER_PROGRAM, STAGES, False)
+                                 tsc, tma_tokens, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ,
+                                 BLOCK_HQ, TABLE, HAS_POS, GEMMA, STAGES, False)
         else:
             _backward_tokens_tma(k_desc, gk_desc, dk_desc, kw_desc, kpart_desc, k_desc, gk_desc,
                                  dk_desc, kw_desc, kpart_desc, grp, tok0, T, S, HK * D, HK * D,
                                  eps, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr,
-                                 tsc, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, BLOCK_HK, TABLE,
-                                 HAS_POS, GEMMA, TOKENS_PER_PROGRAM, STAGES, False)
+                                 tsc, tma_tokens, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK,
+                                 BLOCK_HK, TABLE, HAS_POS, GEMMA, STAGES, False)
     elif which == 0:
         _backward_token(q_ptr, gq_ptr, dq_ptr, qw_ptr, qpart_ptr, grp, tok0, T, S, HQ, eps,
                         pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
