@@ -388,7 +388,8 @@ def _tma_reads(monkeypatch, passes: str) -> list[bool]:
     then give a program more than one, where TMA serves); returns, per whole-token backward that
     could read through TMA, whether it did, recorded."""
     monkeypatch.setattr(qknr, "TOKEN_BWD_TMA", "TMA" in passes)
-    monkeypatch.setattr(qknr, "TOKEN_BWD_TMA_QK_TOGETHER", int("together" in passes))
+    monkeypatch.setattr(qknr, "TOKEN_BWD_TMA_QK_TOGETHER",
+                        dict.fromkeys((2, 4), int("together" in passes)))
     monkeypatch.setattr(qknr, "_sms", lambda device: 1)
     launch = qknr._backward_token_norm
 
@@ -494,6 +495,25 @@ def test_token_norm_backward_several_tokens_per_program(monkeypatch, passes):
         assert torch.equal(first[name], second[name]), name
     assert paths and set(paths) == {passes != "blocks of heads"}
     assert set(reads) == ({True} if "TMA" in passes else set())
+
+
+def test_token_norm_backward_takes_q_and_k_together_in_16_bit(monkeypatch):
+    """The shipped choice (TOKEN_BWD_TMA_QK_TOGETHER): through TMA, 16-bit rows take a token's q
+    and k in one program (its tokens spread evenly: 5 of them over 2 programs on one SM, 3 a
+    program); fp32 rows a program each (a power of two tokens a program: 8)."""
+    monkeypatch.setattr(qknr, "_sms", lambda device: 1)
+    seen, launch = [], qknr._backward_token_norm
+
+    def recorded(*args):
+        seen.append((args[1].dtype, args[-3] is not None, args[-1], args[-7]))  # tpp
+        return launch(*args)
+
+    monkeypatch.setattr(qknr, "_backward_token_norm", recorded)
+    check_backward(Case(b=1, s=5, hq=16, hk=8, d=128, dtype="bf16", asymmetric=True,
+                        norm="token"))
+    check_backward(Case(b=1, s=5, hq=12, hk=8, d=64, layout="thd", positions="ids",
+                        gemma=True, norm="token"))
+    assert seen == [(torch.bfloat16, True, True, 3), (torch.float32, True, False, 8)]
 
 
 def test_token_norm_backward_one_token_a_program_skips_tma(monkeypatch):

@@ -159,7 +159,7 @@ TOKEN_BWD_STAGES = 1  # the whole-token loop's software-pipelining stages
 # ordered batch-major: bshd or thd; angles from tables; Hopper or later, or the interpreter) and a
 # program gets more than one token: in TOKEN_BWD_TMA_STAGES pipelining stages later tokens' rows
 # wait in shared memory instead of registers, so more of the stream is in flight. Tokens a
-# program: as many as spread them evenly over the SMs, at most TOKEN_BWD_TMA_TOKENS; a
+# program: as many as spread them over the SMs, at most TOKEN_BWD_TMA_TOKENS; a
 # warp per TOKEN_BWD_TMA_ELEMENTS_PER_WARP (by element size). Swept on the H100 and the H200 at
 # Qwen3-8B's 32/8 heads, bf16, full tables (tools/qknorm_launch_sweep.py --direction
 # token-backward-tma, results/README.md, "OLMo2's norm backward on 4 warps, its tokens spread
@@ -171,15 +171,23 @@ TOKEN_BWD_STAGES = 1  # the whole-token loop's software-pipelining stages
 # divisible by 16.
 TOKEN_BWD_TMA = True
 TOKEN_BWD_TMA_TOKENS = 512
-# The tokens are spread evenly over this many programs an SM (a q and a k program where they are
-# apart, two programs of both where together), any count a program: more, shorter pipelines
-# were slower on the H200 (results/README.md, "OLMo2's norm through TMA: tried and dropped"): 2 q
-# programs an SM took 56.1, 185.1 and 360.8 us at 4k, 4 x 4k and 32k tokens against 1's 49.8,
-# 175.3 and 345.4.
+# The tokens are spread over this many programs an SM: a q and a k program where they are apart
+# (more, shorter pipelines were slower on the H200, results/README.md, "OLMo2's norm through TMA:
+# tried and dropped": 2 q programs an SM took 56.1, 185.1 and 360.8 us at 4k, 4 x 4k and 32k
+# tokens against 1's 49.8, 175.3 and 345.4), two programs of both where they are together.
 TOKEN_BWD_TMA_PROGRAMS_PER_SM = 2
-# Through TMA, a token's q and k in one program (1; grid: token groups) or in a program each (0;
-# grid: token groups x 2).
-TOKEN_BWD_TMA_QK_TOGETHER = 0
+# Through TMA, a token's q and k in one program (1; grid: token groups, the tokens spread evenly,
+# any count a program) or in a program each (0; grid: token groups x 2, a power of two tokens a
+# program), by element size. Together the angles come once a token, and each SM runs two
+# programs of the same length, where apart k's program (a quarter of q's bytes at Qwen3-8B's
+# 32/8 heads) ends early and leaves q's alone. tools/qknorm_launch_sweep.py --direction
+# token-backward-tma (results/README.md, "OLMo2's norm backward: q and k in one program"), bf16,
+# 4k, 4 x 4k and 32k tokens: H100 57.0, 196.1 and 379.8 us together against 56.6, 194.6 and 396.8
+# apart; H200 48.8, 156.9 and 302.8 against 48.1, 163.0 and 323.5. Apart, the even spread took
+# 57.2, 204.5 and 403.7 (H100) and 47.8, 192.7 and 379.3 (H200); together, the power of two
+# 57.4, 193.5 and 376.1 (H100) and 50.0, 166.1 and 323.2 (H200). fp32 stays apart: together its
+# 8-warp program holds 127 KB of shared memory (sm_90, Triton 3.6), so one fits an SM.
+TOKEN_BWD_TMA_QK_TOGETHER = {2: 1, 4: 0}
 TOKEN_BWD_TMA_STAGES = 3
 TOKEN_BWD_TMA_ELEMENTS_PER_WARP = {2: 1024, 4: 512}  # by element size
 # The per-head backward's block by (element size, whether the head has an unrotated tail).
@@ -609,11 +617,12 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
         if whole_token and TOKEN_BWD_TMA and g.tokens > _sms(q.device):
             descs = _token_descriptors(g, layout, (q, k, dq_out, dk_out), (dq, dk),
                                        (q_weight, k_weight), (bq, bk))
-        together = descs is not None and bool(TOKEN_BWD_TMA_QK_TOGETHER)
+        together = descs is not None and bool(TOKEN_BWD_TMA_QK_TOGETHER[q.element_size()])
         if descs is not None:
-            groups_an_sm = max(1, TOKEN_BWD_TMA_PROGRAMS_PER_SM // (1 if together else 2))
-            tpp = min(TOKEN_BWD_TMA_TOKENS,
-                      triton.cdiv(g.tokens, groups_an_sm * _sms(q.device)))
+            spread = (triton.cdiv(g.tokens, TOKEN_BWD_TMA_PROGRAMS_PER_SM * _sms(q.device))
+                      if together else triton.next_power_of_2(triton.cdiv(
+                          g.tokens, max(1, TOKEN_BWD_TMA_PROGRAMS_PER_SM // 2) * _sms(q.device))))
+            tpp = min(TOKEN_BWD_TMA_TOKENS, spread)
             stages = TOKEN_BWD_TMA_STAGES
             per_warp = TOKEN_BWD_TMA_ELEMENTS_PER_WARP[q.element_size()]
             warps = max(BACKWARD_WARPS, bq * triton.next_power_of_2(g.head_dim) // per_warp)
