@@ -23,7 +23,7 @@ row): ``TOKEN_BWD_WHOLE_ELEMENTS`` (0: every token in two passes over blocks of 
 ``TOKEN_FWD_ELEMENTS_PER_WARP``; ``--direction token-backward-tma`` the backward's whole tokens
 read through TMA descriptors: ``TOKEN_BWD_TMA`` (0: plain loads, the token-backward settings),
 ``TOKEN_BWD_TMA_ELEMENTS_PER_WARP``, ``TOKEN_BWD_TMA_TOKENS`` (the most tokens a program),
-``TOKEN_BWD_TMA_STAGES``, ``TOKEN_BWD_TMA_PROGRAMS_PER_SM`` (token groups an SM) and
+``TOKEN_BWD_TMA_STAGES``, ``TOKEN_BWD_TMA_PROGRAMS_PER_SM`` and
 ``TOKEN_BWD_TMA_QK_TOGETHER`` (a token's q and k in one program). The token directions have no
 torch.compile row. A results data file with ``--json``:
 
@@ -82,13 +82,13 @@ def token_forward_settings() -> list[tuple[int, int]]:
 
 
 def token_backward_tma_settings() -> list[tuple[int, int, int, int, int, int]]:
-    """(TMA, elements a warp, most tokens a program, stages, token groups an SM, q and k
-    together): plain loads (0), and TMA on 4 or 8 warps (32 heads of 128), at most 32 to 512
-    tokens a program, 2 to 4 stages, the tokens spread over 1 group an SM, q and k apart; 4
-    warps, 3 stages, 2 or 4 groups an SM apart; and q and k together, 1 to 3 groups an SM."""
-    return [(0, 1024, 32, 3, 1, 0)] + [(1, e, t, s, 1, 0) for e, t, s in itertools.product(
-        (512, 1024), (32, 128, 512), (2, 3, 4))] + [(1, 1024, 512, 3, p, 0) for p in (2, 4)] + [
-        (1, 1024, 512, 3, p, 1) for p in (1, 2, 3)]
+    """(TMA, elements a warp, most tokens a program, stages, programs an SM, q and k together):
+    plain loads (0), and TMA on 4 or 8 warps (32 heads of 128), at most 32 to 512 tokens a
+    program, 2 to 4 stages, q and k apart on 2 programs an SM (a q and a k); 4 warps, 3 stages, 4
+    or 8 programs an SM apart; and q and k together, 2 to 4 programs an SM."""
+    return [(0, 1024, 32, 3, 2, 0)] + [(1, e, t, s, 2, 0) for e, t, s in itertools.product(
+        (512, 1024), (32, 128, 512), (2, 3, 4))] + [(1, 1024, 512, 3, p, 0) for p in (4, 8)] + [
+        (1, 1024, 512, 3, p, 1) for p in (2, 3, 4)]
 
 
 _TOKEN_CONSTANTS = {
@@ -231,7 +231,7 @@ COLUMNS = {"forward": ["shape", "block elements", "warps", "out of place (us)", 
            "token-backward": ["shape", "whole-token elements", "elements a warp",
                               "tokens a program", "stages", "backward (us)", "% copy"],
            "token-backward-tma": ["shape", "TMA", "elements a warp", "most tokens a program",
-                                  "stages", "token groups an SM", "q and k together",
+                                  "stages", "programs an SM", "q and k together",
                                   "backward (us)", "% copy"]}
 
 

@@ -66,7 +66,8 @@ step of a few tokens has only a few programs.
 The backward takes a token's heads whole where they fit one block
 (``TOKEN_BWD_WHOLE_ELEMENTS``): one pass, each row read once, 2.8x faster than two passes at
 Qwen3-8B's 4k tokens and 1.4x at 4 x 4k (H100); where the rows allow it (``TOKEN_BWD_TMA``) it
-reads them through TMA descriptors, later tokens' rows waiting in shared memory. Above that it
+reads them through TMA descriptors, later tokens' rows waiting in shared memory, and in 16 bits
+a token's q and k in one program (``TOKEN_BWD_TMA_QK_TOGETHER``). Above that it
 keeps each token's ``rstd`` and ``mean(dx_hat * x_hat)`` in registers between two passes over
 blocks of heads. Its weight gradient's partial rows are
 ``[programs, heads * head_dim]``: ``8 / (3 * tokens_per_program * itemsize)`` extra bytes, about
@@ -182,11 +183,12 @@ TOKEN_BWD_TMA_PROGRAMS_PER_SM = 2
 # programs of the same length, where apart k's program (a quarter of q's bytes at Qwen3-8B's
 # 32/8 heads) ends early and leaves q's alone. tools/qknorm_launch_sweep.py --direction
 # token-backward-tma (results/README.md, "OLMo2's norm backward: q and k in one program"), bf16,
-# 4k, 4 x 4k and 32k tokens: H100 57.0, 196.1 and 379.8 us together against 56.6, 194.6 and 396.8
-# apart; H200 48.8, 156.9 and 302.8 against 48.1, 163.0 and 323.5. Apart, the even spread took
-# 57.2, 204.5 and 403.7 (H100) and 47.8, 192.7 and 379.3 (H200); together, the power of two
-# 57.4, 193.5 and 376.1 (H100) and 50.0, 166.1 and 323.2 (H200). fp32 stays apart: together its
-# 8-warp program holds 127 KB of shared memory (sm_90, Triton 3.6), so one fits an SM.
+# 4k, 4 x 4k and 32k tokens: H100 (one run, 6d5d1ba) 57.3, 196.8 and 379.7 us together against
+# 56.7, 194.3 and 398.7 apart; H200 (two runs, 1ff1e50 and 5f86fa7) 48.5, 156.2 and 303.5 against
+# 48.0, 161.8 and 324.1. Apart, the even spread took 47.6, 193.4 and 378.6 (H200) and 57.2, 204.5
+# and 403.7 (H100); together, a power of two 50.0, 165.9 and 323.4 (H200). fp32 stays apart:
+# together its 8-warp program holds 127 KB of shared memory (sm_90, Triton 3.6), so one fits an
+# SM.
 TOKEN_BWD_TMA_QK_TOGETHER = {2: 1, 4: 0}
 TOKEN_BWD_TMA_STAGES = 3
 TOKEN_BWD_TMA_ELEMENTS_PER_WARP = {2: 1024, 4: 512}  # by element size
