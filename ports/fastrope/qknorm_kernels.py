@@ -89,6 +89,19 @@ def _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr
 
 
 @triton.jit
+def _token_at(tok, T, S, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc,
+              HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr,
+              TABLE: tl.constexpr, HAS_POS: tl.constexpr):
+    """Token ``tok`` of the whole-token backward loops: (valid, b, s, c1, s1, c2, s2)."""
+    valid = tok < T
+    b = tok // S
+    s = tok - b * S
+    c1, s1, c2, s2 = _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr, rows,
+                             tsr, tsc, HALF, PAIR_BLOCK, INTERLEAVED, TABLE, HAS_POS)
+    return valid, b, s, c1, s1, c2, s2
+
+
+@triton.jit
 def _weights(w_ptr, sw, D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
              TAIL_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr, GEMMA: tl.constexpr):
     """The weight's three pieces (first members, partners, tail), fp32, ``1 + w`` for Gemma."""
@@ -674,13 +687,10 @@ def _backward_whole_tokens(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, grp, tok0, T, 
     acc2 = tl.zeros([BLOCK_H, PAIR_BLOCK], dtype=tl.float32)
     acct = tl.zeros([BLOCK_H, TAIL_BLOCK], dtype=tl.float32)
     for i in tl.range(TOKENS_PER_PROGRAM, num_stages=STAGES):
-        tok = tok0 + i
-        valid = tok < T
-        b = tok // S
-        s = tok - b * S
+        valid, b, s, c1, s1, c2, s2 = _token_at(tok0 + i, T, S, pos_ptr, psb, pss, cos_ptr,
+                                                sin_ptr, inv_ptr, rows, tsr, tsc, HALF,
+                                                PAIR_BLOCK, INTERLEAVED, TABLE, HAS_POS)
         hm = hh & valid
-        c1, s1, c2, s2 = _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
-                                 rows, tsr, tsc, HALF, PAIR_BLOCK, INTERLEAVED, TABLE, HAS_POS)
         x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
                                 PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
         g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
@@ -768,12 +778,9 @@ def _backward_tokens_tma(xa_desc, ga_desc, dxa_desc, wa_desc, pa_desc, xb_desc, 
         accb1 = tl.zeros([BLOCK_B, HALF], dtype=tl.float32)
         accb2 = tl.zeros([BLOCK_B, HALF], dtype=tl.float32)
     for i in tl.range(tokens_per_program, num_stages=STAGES):
-        tok = tok0 + i
-        valid = tok < T
-        b = tok // S
-        s = tok - b * S
-        c1, s1, c2, s2 = _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
-                                 rows, tsr, tsc, HALF, PAIR_BLOCK, False, TABLE, HAS_POS)
+        valid, b, s, c1, s1, c2, s2 = _token_at(tok0 + i, T, S, pos_ptr, psb, pss, cos_ptr,
+                                                sin_ptr, inv_ptr, rows, tsr, tsc, HALF,
+                                                PAIR_BLOCK, False, TABLE, HAS_POS)
         acca1, acca2 = _tma_token_step(xa_desc, ga_desc, dxa_desc, b, s, wa1, wa2, acca1, acca2,
                                        na, eps, c1, s1, c2, s2, BLOCK_A, HALF, TAIL_BLOCK)
         if TWO:
