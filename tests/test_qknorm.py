@@ -516,13 +516,16 @@ def test_token_norm_backward_takes_q_and_k_together_in_16_bit(monkeypatch):
     assert seen == [(torch.bfloat16, True, True, 3), (torch.float32, True, False, 8)]
 
 
-def test_token_norm_backward_one_token_a_program_skips_tma(monkeypatch):
-    """Where the SMs take a token each (here one token on the interpreter's one SM), TMA has no
-    later token to stage: the backward reads with plain loads, and is correct."""
-    reads = _tma_reads(monkeypatch, "whole tokens, TMA")
-    check_backward(Case(b=1, s=1, hq=3, hk=2, d=256, asymmetric=True, norm="token"))
+@pytest.mark.parametrize("passes", ["whole tokens, TMA", "whole tokens, TMA, q and k together"])
+def test_token_norm_backward_one_token_a_program_skips_tma(monkeypatch, passes):
+    """Where each program would take one token (on the interpreter's one SM: one token over a q
+    and a k program, or two tokens over two programs of both), TMA has no later token to stage:
+    the backward reads with plain loads, and is correct; one token more, it reads through TMA."""
+    reads = _tma_reads(monkeypatch, passes)
+    most = 2 if "together" in passes else 1
+    check_backward(Case(b=1, s=most, hq=3, hk=2, d=256, asymmetric=True, norm="token"))
     assert not reads
-    check_backward(Case(b=1, s=2, hq=3, hk=2, d=256, asymmetric=True, norm="token"))
+    check_backward(Case(b=1, s=most + 1, hq=3, hk=2, d=256, asymmetric=True, norm="token"))
     assert reads == [True]
 
 

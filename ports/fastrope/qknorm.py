@@ -613,18 +613,20 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
             g, TOKEN_BWD_BLOCK_ELEMENTS, BACKWARD_WARPS, TOKEN_BWD_WHOLE_ELEMENTS,
             TOKEN_BWD_ELEMENTS_PER_WARP, BACKWARD_WARPS)
         descs, stages = None, TOKEN_BWD_STAGES
-        # TMA's gain is a program's later tokens staged while one is computed: none where the
-        # SMs take a token each (decode's 64 tokens: 7.0 us through TMA, 5.7 with plain loads,
-        # H100 suites b688c59 and 0f972c8)
-        if whole_token and TOKEN_BWD_TMA and g.tokens > _sms(q.device):
+        together = bool(TOKEN_BWD_TMA_QK_TOGETHER[q.element_size()])
+        groups = (TOKEN_BWD_TMA_PROGRAMS_PER_SM if together
+                  else max(1, TOKEN_BWD_TMA_PROGRAMS_PER_SM // 2)) * _sms(q.device)
+        # TMA's gain is a program's later tokens staged while one is computed: none where each
+        # program would take one token (decode's 64 tokens: 7.0 us through TMA, 5.7 with plain
+        # loads, H100 suites b688c59 and 0f972c8)
+        if whole_token and TOKEN_BWD_TMA and g.tokens > groups:
             descs = _token_descriptors(g, layout, (q, k, dq_out, dk_out), (dq, dk),
                                        (q_weight, k_weight), (bq, bk))
-        together = descs is not None and bool(TOKEN_BWD_TMA_QK_TOGETHER[q.element_size()])
+        together = together and descs is not None
         if descs is not None:
-            spread = (triton.cdiv(g.tokens, TOKEN_BWD_TMA_PROGRAMS_PER_SM * _sms(q.device))
-                      if together else triton.next_power_of_2(triton.cdiv(
-                          g.tokens, max(1, TOKEN_BWD_TMA_PROGRAMS_PER_SM // 2) * _sms(q.device))))
-            tpp = min(TOKEN_BWD_TMA_TOKENS, spread)
+            spread = triton.cdiv(g.tokens, groups)
+            tpp = min(TOKEN_BWD_TMA_TOKENS,
+                      spread if together else triton.next_power_of_2(spread))
             stages = TOKEN_BWD_TMA_STAGES
             per_warp = TOKEN_BWD_TMA_ELEMENTS_PER_WARP[q.element_size()]
             warps = max(BACKWARD_WARPS, bq * triton.next_power_of_2(g.head_dim) // per_warp)
