@@ -9,6 +9,9 @@ warm-up, between cudaProfilerStart/Stop: what Nsight Compute profiles to compare
         # computed, in place), Liger, flash-attn, torch.compile and a copy of the same bytes
     ncu --profile-from-start off --kernel-name regex:qk_norm_rope python -m tools.ncu_targets \
         qknorm_train        # qk_norm_rope's forward and backward, the qknorm suite's 4 x 4k shape
+    ncu --profile-from-start off --kernel-name regex:qk_ python -m tools.ncu_targets \
+        qknorm_token_forward  # the same shape's forward out of place, OLMo2's norm over a
+                              # token's heads (norm="token") beside Qwen3's per head
 
 torch's same-dtype copy is a cudaMemcpy, which Nsight Compute does not profile: the targets that
 run one get no row for it (2026-11-25, H100).
@@ -89,8 +92,19 @@ def qknorm_train():
         qk_norm_rope(q, k, qw, kw, bench.EPS, cos=cos, sin=sin), (q, k, qw, kw), grads)])
 
 
+def qknorm_token_forward():
+    from ports.fastrope.qknorm import qk_norm_rope
+    from ports.harness import qknorm_bench as bench
+
+    shape = next(s for s in bench.SHAPES if s.name == "qwen3-8b train 4x4k")
+    q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=False, norm="token")
+    _, _, hw, hkw, _, _ = bench.inputs(shape, torch.bfloat16, grad=False)
+    _profile([lambda: qk_norm_rope(q, k, qw, kw, bench.EPS, cos=cos, sin=sin, norm="token"),
+              lambda: qk_norm_rope(q, k, hw, hkw, bench.EPS, cos=cos, sin=sin)])
+
+
 TARGETS = {"prefill": prefill, "decode": decode, "peers_long": peers_long,
-           "qknorm_train": qknorm_train}
+           "qknorm_train": qknorm_train, "qknorm_token_forward": qknorm_token_forward}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in TARGETS:
