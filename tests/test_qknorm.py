@@ -428,20 +428,32 @@ def test_token_norm_forward(monkeypatch, case, passes):
 def test_token_forward_warps_hold_q_and_k(monkeypatch):
     """The whole-token forward's program holds a token's q rows and k rows: its warps are the
     power of two at or below their elements over TOKEN_FWD_ELEMENTS_PER_WARP (Qwen3-8B's 32 + 8
-    heads of 128: 2; 32 + 16: 2, not 3), and the launcher halves the elements a warp where a
-    tensor's channels are strided (each element then loads alone, an address register each)."""
+    heads of 128: 2; 32 + 16: 2, not 3), more where a thread would hold more than
+    TOKEN_FWD_MOST_ELEMENTS_A_THREAD (32 + 16 heads at 4096 elements a warp: 2, not 1), and the
+    launcher halves the elements a warp, and holds TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD at
+    most, where a tensor's channels are strided (each element then loads alone, an address
+    register each)."""
     from types import SimpleNamespace
 
-    def warps(hq, hk, elements_per_warp, both=True):
+    def warps(hq, hk, elements_per_warp, both=True, most=None):
         g = SimpleNamespace(q_heads=hq, k_heads=hk, head_dim=128)
-        return qknr._token_blocks(g, 2048, 4, 8192, elements_per_warp, 1, both_tensors=both)[3]
+        return qknr._token_blocks(g, 2048, 4, 8192, elements_per_warp, 1, both_tensors=both,
+                                  most_per_thread=most)[3]
 
     assert (warps(32, 8, 2048), warps(32, 16, 2048), warps(32, 32, 2048)) == (2, 2, 4)
     assert (warps(32, 8, 1024), warps(32, 8, 2048, both=False)) == (4, 2)
+    assert (warps(32, 8, 4096, most=160), warps(32, 16, 4096), warps(32, 16, 4096, most=160),
+            warps(32, 16, 4096, most=48)) == (1, 1, 2, 4)
+    # the module's elements a warp stay within every bound (its warps are the cap's)
+    for most in (*qknr.TOKEN_FWD_MOST_ELEMENTS_A_THREAD.values(),
+                 2 * qknr.TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD):
+        for hq, hk in ((32, 8), (32, 16), (16, 8), (64, 64), (1, 1)):
+            assert warps(hq, hk, qknr.TOKEN_FWD_ELEMENTS_PER_WARP, most=most) == warps(
+                hq, hk, qknr.TOKEN_FWD_ELEMENTS_PER_WARP)
     seen, blocks = [], qknr._token_blocks
 
     def recorded(*args, **kwargs):
-        seen.append(args[4])  # elements a warp
+        seen.append((args[4], kwargs["most_per_thread"]))  # elements a warp, a thread
         return blocks(*args, **kwargs)
 
     monkeypatch.setattr(qknr, "_token_blocks", recorded)
@@ -451,8 +463,11 @@ def test_token_forward_warps_hold_q_and_k(monkeypatch):
                           device=inp["q"].device)[..., ::2].copy_(inp["q"])
     outs = [qk_norm_rope(x, inp["k"], inp["qw"], inp["kw"], EPS, **inp["kwargs"])
             for x in (inp["q"], strided)]
-    per_warp = qknr.TOKEN_FWD_ELEMENTS_PER_WARP
-    assert seen == [per_warp, per_warp // 2]
+    per_warp = qknr.launch_constant("TOKEN_FWD_ELEMENTS_PER_WARP", strided.device)
+    most = qknr.TOKEN_FWD_MOST_ELEMENTS_A_THREAD[strided.element_size(),
+                                                 inp["qw"].element_size()]
+    assert seen == [(per_warp, most),
+                    (per_warp // 2, qknr.TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD)]
     for a, b in zip(*outs):  # the same answer, up to the sums' order
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
@@ -721,12 +736,28 @@ import shutil, subprocess, sys, tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from ports.fastrope import qknorm as Q, qknorm_kernels as K
+from ports.fastrope import qknorm as Q, qknorm_kernels as K, tuning
 
 POINTERS = {"q_ptr", "k_ptr", "qo_ptr", "ko_ptr", "gq_ptr", "gk_ptr", "dq_ptr", "dk_ptr"}
 
-def power_of_two_at_most(n):
-    return 1 << (max(1, n).bit_length() - 1)
+def token_forward_per_warp():  # TOKEN_FWD_ELEMENTS_PER_WARP: the module's, each table's
+    return sorted({Q.TOKEN_FWD_ELEMENTS_PER_WARP}
+                  | tuning.qknorm_values("TOKEN_FWD_ELEMENTS_PER_WARP"))
+
+def token_forward_warps(together, per_warp):
+    # the launcher's rule for 32 + 8 heads of 128 and the fp32 weights the builds read:
+    # (item, aligned) -> warps; the build that knows nothing of its strides stands for strided
+    # channels (half the elements a warp)
+    from types import SimpleNamespace
+    g = SimpleNamespace(q_heads=32, k_heads=8, head_dim=128)
+    def warps(item, aligned):
+        shrink = 1 if aligned else 2
+        return Q._token_blocks(g, Q.TOKEN_FWD_BLOCK_ELEMENTS, Q.TOKEN_FWD_WARPS,
+                               Q.TOKEN_FWD_WHOLE_ELEMENTS, per_warp // shrink, 1,
+                               both_tensors=together,
+                               most_per_thread=Q.TOKEN_FWD_MOST_ELEMENTS_A_THREAD[item, 4]
+                               if aligned else Q.TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD)[3]
+    return warps
 
 def signature(fn, dtype, consts):
     types = {"qw_ptr": "*fp32", "kw_ptr": "*fp32", "qpart_ptr": "*fp32", "kpart_ptr": "*fp32",
@@ -744,26 +775,25 @@ def signature(fn, dtype, consts):
 
 NO_DESCS = dict.fromkeys(("q_desc", "k_desc", "gq_desc", "gk_desc", "dq_desc", "dk_desc",
                           "qw_desc", "kw_desc", "qpart_desc", "kpart_desc"))
-# The TMA path reads rows whose channels are contiguous: its channel strides, and the weights' and
+# The TMA path, and the one-pass forward where it reads its rows whole, take rows whose channels
+# are contiguous: their channel strides (the forward's outputs' too), and the weights' and
 # tables' column strides of contiguous inputs, are 1, which a launch compiles as constants (Triton
-# specializes an int argument equal to 1); its register budget is measured that way.
-UNIT_STRIDES = dict.fromkeys(("sqd", "skd", "sgqd", "sgkd", "sdqd", "sdkd", "sqw", "skw", "tsc"),
-                             1)
+# specializes an int argument equal to 1); their register budget is measured that way.
+UNIT_STRIDES = dict.fromkeys(("sqd", "skd", "sgqd", "sgkd", "sdqd", "sdkd", "sqod", "skod", "sqw",
+                              "skw", "tsc"), 1)
 
 for fn, extra, elements, warps in (
         (K.qk_norm_rope_fwd_kernel, {}, Q.HEAD_FWD_BLOCK_ELEMENTS, Q.HEAD_FWD_WARPS),
         (K.qk_norm_rope_bwd_kernel, {"STAGES": Q.BACKWARD_STAGES}, None, Q.BACKWARD_WARPS),
         (K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": False, "QK_TOGETHER": False},
          Q.TOKEN_FWD_BLOCK_ELEMENTS, Q.TOKEN_FWD_WARPS),
-        # whole tokens, q's 32 heads and k's 8 in one program or apart, on the launcher's warps:
-        # where the channels are not known contiguous (every element then loads alone) half its
-        # elements a warp
+        # whole tokens, q's 32 heads and k's 8 in one program or apart, on the launcher's warps
+        # at each elements-a-warp value the module or a shipped table sets: where the channels
+        # are not known contiguous (every element then loads alone) half its elements a warp
         *((K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": True, "QK_TOGETHER": together,
                                              "TABLES_ONLY": True, "CONTIGUOUS_WHEN_ALIGNED": True},
-           Q.TOKEN_FWD_WHOLE_ELEMENTS,
-           tuple(power_of_two_at_most((32 + 8 * together) * 128 // e)
-                 for e in (Q.TOKEN_FWD_ELEMENTS_PER_WARP // 2, Q.TOKEN_FWD_ELEMENTS_PER_WARP)))
-          for together in (True, False)),
+           Q.TOKEN_FWD_WHOLE_ELEMENTS, token_forward_warps(together, per_warp))
+          for together in (True, False) for per_warp in token_forward_per_warp()),
         (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS,
                                            "WHOLE_TOKEN": False, "TMA": False, **NO_DESCS,
                                            "QK_TOGETHER": False, "STAGES": Q.TOKEN_BWD_STAGES},
@@ -776,7 +806,9 @@ for fn, extra, elements, warps in (
         # through TMA, q and k apart and together
         # (a runtime count of tokens a program; the constexpr one unused)
         *((K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": 1,
-                                             "WHOLE_TOKEN": True, "TMA": True, **UNIT_STRIDES,
+                                             "WHOLE_TOKEN": True, "TMA": True,
+                                             **{n: 1 for n in UNIT_STRIDES
+                                                if n in K.qk_token_norm_rope_bwd_kernel.arg_names},
                                              "QK_TOGETHER": together,
                                              "STAGES": Q.TOKEN_BWD_TMA_STAGES,
                                              "TABLES_ONLY": True},
@@ -812,8 +844,8 @@ for fn, extra, elements, warps in (
                      if aligned and sig[n] not in ("constexpr", "fp32")
                      and not sig[n].startswith("tensordesc")}
             k = triton.compile(ASTSource(fn, sig, build, attrs), target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": warps[aligned] if isinstance(warps, tuple)
-                                        else warps})
+                               options={"num_warps": warps(2 if dtype != "fp32" else 4, aligned)
+                                        if callable(warps) else warps})
             ptxas = shutil.which("ptxas")
             if ptxas:
                 with tempfile.NamedTemporaryFile("w", suffix=".ptx") as f:
@@ -857,4 +889,10 @@ def test_kernels_compile_for_sm90_without_spills():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SM90], capture_output=True, text=True,
                        cwd=root, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("compiled") == 57
+    # 57 builds, and 12 more (3 dtypes, 2 builds, together and apart) for each further value of
+    # the token forward's elements a warp that a shipped table sets
+    from ports.fastrope import tuning
+
+    values = {qknr.TOKEN_FWD_ELEMENTS_PER_WARP} | tuning.qknorm_values(
+        "TOKEN_FWD_ELEMENTS_PER_WARP")
+    assert r.stdout.count("compiled") == 57 + 12 * (len(values) - 1)

@@ -318,8 +318,11 @@ def test_qknorm_candidates_leave_out_the_module_values():
                                     for c in alternatives.values())
     assert "BACKWARD_PROGRAMS_PER_SM=4" in rows[qt.BACKWARD]
     assert f"BACKWARD_PROGRAMS_PER_SM={own['BACKWARD_PROGRAMS_PER_SM']}" not in rows[qt.BACKWARD]
-    other = 1 - own["TOKEN_FWD_QK_TOGETHER"]
-    assert list(rows[qt.TOKEN_FORWARD]) == [f"TOKEN_FWD_QK_TOGETHER={other}"]
+    own_token = (own["TOKEN_FWD_QK_TOGETHER"], own["TOKEN_FWD_ELEMENTS_PER_WARP"])
+    assert list(rows[qt.TOKEN_FORWARD]) == [
+        f"TOKEN_FWD_QK_TOGETHER={t}, TOKEN_FWD_ELEMENTS_PER_WARP={e}"
+        for t, e in qt.TOKEN_FORWARD_SETTINGS if (t, e) != own_token]
+    assert len(rows[qt.TOKEN_FORWARD]) == len(qt.TOKEN_FORWARD_SETTINGS) - 1
     assert qt.constants_of({}) == own
     fwd = "HEAD_FWD_BLOCK_ELEMENTS=1024, HEAD_FWD_WARPS=1"
     assert qt.constants_of({qt.FORWARD: fwd}) == dict(own, HEAD_FWD_BLOCK_ELEMENTS=1024,

@@ -106,14 +106,19 @@ def launch_settings(direction: str, setting: tuple[int, ...]):
     if direction in _TOKEN_CONSTANTS:
         names = _TOKEN_CONSTANTS[direction]
         saved = [getattr(qknorm, name) for name in names]
+        forced = dict(qknorm.FORCED)
         for name, value, old in zip(names, setting, saved):
             # a constant kept by element size: the sweep's (bf16) entry
             setattr(qknorm, name, {**old, 2: value} if isinstance(old, dict) else value)
+            if name in qknorm.DEVICE_TUNED:  # over the device family's table
+                qknorm.FORCED[name] = value
         try:
             yield
         finally:
             for name, value in zip(names, saved):
                 setattr(qknorm, name, value)
+            qknorm.FORCED.clear()
+            qknorm.FORCED.update(forced)
         return
     forced = dict(qknorm.FORCED)
     saved = (qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS,
@@ -143,7 +148,8 @@ def default_setting(direction: str) -> tuple[int, ...]:
     """The direction's setting on this GPU (its family's tuning table over the module's)."""
     device = torch.device("cuda", torch.cuda.current_device())
     if direction in _TOKEN_CONSTANTS:
-        return tuple(getattr(qknorm, name) for name in _TOKEN_CONSTANTS[direction])
+        return tuple(qknorm.launch_constant(name, device) if name in qknorm.DEVICE_TUNED
+                     else getattr(qknorm, name) for name in _TOKEN_CONSTANTS[direction])
     if direction == "forward":
         return (qknorm.launch_constant("HEAD_FWD_BLOCK_ELEMENTS", device),
                 qknorm.launch_constant("HEAD_FWD_WARPS", device))

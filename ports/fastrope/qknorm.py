@@ -132,9 +132,26 @@ HEAD_FWD_WARPS = 1
 # --direction token-forward, results/README.md, "OLMo2's norm forward in one pass"): two passes
 # took 3.1, 37.8, 141.5 and 282.4 us at 64, 4096, 4 x 4096 and 32768 tokens; whole tokens at
 # 2048 elements a warp (2 warps, fewer warps a program and more programs an SM) 2.3, 35.7, 130.2
-# and 260.0, at 1024 2.3, 37.9, 142.8 and 285.9, at 512 2.5, 42.9, 163.8 and 330.5.
+# and 260.0, at 1024 2.3, 37.9, 142.8 and 285.9, at 512 2.5, 42.9, 163.8 and 330.5. The elements
+# a warp are a device-tuned constant (DEVICE_TUNED): with q and k together, the H200 moved
+# Qwen3-8B's 4k, 4 x 4k and 32k tokens out of place in 27.4, 98.2 and 190.0 us on one warp
+# (4096; 255 registers, 8 programs an SM) against 28.6, 102.3 and 198.4 on two (2048; 168
+# registers, 6 programs an SM) and 35.5, 133.6 and 263.7 on four (1024) (bcca6aa, one run;
+# Nsight Compute at 4 x 4k on two warps: 18.75% occupancy, DRAM at 62% of its peak).
 TOKEN_FWD_WHOLE_ELEMENTS = 8192
 TOKEN_FWD_ELEMENTS_PER_WARP = 2048
+# More warps where a thread of the one-pass forward would hold more of a token's elements than
+# this, by (the rows' element size, the weights'), or TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD where
+# the channels are strided (each element's own address register): the most
+# that compile without a register spill on sm_90 (Triton 3.6 and 3.8, q and k together, half and
+# full tables). 16-bit rows and weights: 160 (32 + 8 heads of 128 on one warp, 255 registers); 192
+# (32 + 16 heads) spilled 152 bytes. 16-bit rows, fp32 weights (a bf16 model's activations under
+# autocast, its weights fp32): 128; 160 spilled up to 102 bytes. fp32 rows: 96 (32 + 16 heads on
+# two warps, 250 registers); 160 spilled 64 bytes. 2048 elements a warp stays within all of them
+# (at most 96 a thread, 48 strided); 4096 would put 32 + 16 heads of 128 on one warp. Strided,
+# 64 (fp16, 32 heads of 96 on two warps) spilled 52 bytes under Triton 3.8.
+TOKEN_FWD_MOST_ELEMENTS_A_THREAD = {(2, 2): 160, (2, 4): 128, (4, 2): 96, (4, 4): 96}
+TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD = 48
 TOKEN_FWD_BLOCK_ELEMENTS = 2048
 # The backward holds x, dy, the weight and the partial sums: a quarter of the forward's block
 # (at 1024 an fp32 head of 96 channels, padded to 128, spilled registers on sm_90). This is the
@@ -222,7 +239,7 @@ TOKEN_FWD_QK_TOGETHER = 1
 # and the H200 want different ones; the values above serve every GPU without one. Names in
 # FORCED win over both (the tuning's, the launch sweep's and qknorm_bench --set's settings).
 DEVICE_TUNED = ("HEAD_FWD_BLOCK_ELEMENTS", "HEAD_FWD_WARPS", "BACKWARD_PROGRAMS_PER_SM",
-                "TOKEN_FWD_QK_TOGETHER")
+                "TOKEN_FWD_QK_TOGETHER", "TOKEN_FWD_ELEMENTS_PER_WARP")
 FORCED: dict[str, int] = {}
 # The token-norm backward's tokens per program once there are enough programs anyway (a first
 # guess, not swept), that is from LONG_RUN_MIN_TOKENS tokens (64 groups of 16).
@@ -420,19 +437,21 @@ def _block_heads(heads: int, head_dim: int, elements: int) -> int:
 
 
 def _token_blocks(g: Geometry, block_elements: int, block_warps: int, whole_elements: int,
-                  elements_per_warp: int, min_whole_warps: int, *, both_tensors: bool = False
-                  ) -> tuple[int, int, bool, int]:
+                  elements_per_warp: int, min_whole_warps: int, *, both_tensors: bool = False,
+                  most_per_thread: int | None = None) -> tuple[int, int, bool, int]:
     """norm="token": (q heads a block, k heads a block, whole token, warps). Every head of a
     tensor in one block where q's and k's heads, padded to powers of two, hold at most
     ``whole_elements`` channels, on ``elements_per_warp`` a warp (at least ``min_whole_warps``;
     ``both_tensors``: a program holds q's block and k's, and its warps are the power of two at
-    or below their elements over ``elements_per_warp``); else blocks of ``block_elements`` on
-    ``block_warps``."""
+    or below their elements over ``elements_per_warp``; ``most_per_thread``: more warps where a
+    thread would hold more elements); else blocks of ``block_elements`` on ``block_warps``."""
     p2 = triton.next_power_of_2
     whole = max(p2(g.q_heads), p2(g.k_heads)) * p2(g.head_dim)
     if whole <= whole_elements:
         held = (p2(g.q_heads) + p2(g.k_heads)) * p2(g.head_dim) if both_tensors else whole
         warps = 1 << (max(1, held // elements_per_warp).bit_length() - 1)
+        if most_per_thread:
+            warps = max(warps, p2(triton.cdiv(held, 32 * most_per_thread)))
         return p2(g.q_heads), p2(g.k_heads), True, max(min_whole_warps, warps)
     return (_block_heads(g.q_heads, g.head_dim, block_elements),
             _block_heads(g.k_heads, g.head_dim, block_elements), False, block_warps)
@@ -543,10 +562,15 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
         contiguous = all(st[3] == 1 for st in strides) and kw["tsc"] in (0, 1) \
             and q_weight.stride(0) == 1 and k_weight.stride(0) == 1
         together = bool(launch_constant("TOKEN_FWD_QK_TOGETHER", q.device))
+        shrink = 1 if contiguous else 2
         bq, bk, whole_token, warps = _token_blocks(
             g, TOKEN_FWD_BLOCK_ELEMENTS, TOKEN_FWD_WARPS,
             0 if g.table == K.TABLE_COMPUTED else TOKEN_FWD_WHOLE_ELEMENTS,
-            TOKEN_FWD_ELEMENTS_PER_WARP // (1 if contiguous else 2), 1, both_tensors=together)
+            launch_constant("TOKEN_FWD_ELEMENTS_PER_WARP", q.device) // shrink, 1,
+            both_tensors=together,
+            most_per_thread=TOKEN_FWD_MOST_ELEMENTS_A_THREAD[
+                q.element_size(), max(q_weight.element_size(), k_weight.element_size())]
+            if contiguous else TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD)
         with _triton.device_guard(q.device):
             K.qk_token_norm_rope_fwd_kernel[(g.tokens, 1 if whole_token and together else 2)](
                 q, k, qo, ko, q_weight, k_weight, *ptrs,

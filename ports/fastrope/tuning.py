@@ -20,7 +20,8 @@ import pathlib
 
 import torch
 
-__all__ = ["TUNED_DIR", "choices", "device_family", "family_name", "qknorm_constants", "tables"]
+__all__ = ["TUNED_DIR", "choices", "device_family", "family_name", "qknorm_constants",
+           "qknorm_values", "tables"]
 
 TUNED_DIR = pathlib.Path(__file__).with_name("tuned")
 
@@ -63,3 +64,9 @@ def qknorm_constants(device_index: int) -> dict[str, int]:
     """The fused QK-norm's launch constants the device's family table sets (none without one)."""
     table = tables().get(device_family(device_index))
     return dict(table.get("qknorm", {})) if table else {}
+
+
+def qknorm_values(name: str) -> set[int]:
+    """Every value the shipped tables set for the fused QK-norm's constant ``name`` (the builds
+    the GPUs with tables launch, beside the module's own value)."""
+    return {t["qknorm"][name] for t in tables().values() if name in t.get("qknorm", {})}

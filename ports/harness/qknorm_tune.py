@@ -10,8 +10,9 @@ module's own values (what a GPU without a table runs) on the qknorm suite's Qwen
   in place (two cases a shape);
 * ``fused QK-norm backward``: ``BACKWARD_PROGRAMS_PER_SM``, as a forward + backward step minus
   the forward (one case a shape);
-* ``fused QK-norm token forward``: ``TOKEN_FWD_QK_TOGETHER``, OLMo2's norm over all heads of a
-  token (``norm="token"``, ``[heads * d]`` weights), out of place and in place.
+* ``fused QK-norm token forward``: ``TOKEN_FWD_QK_TOGETHER`` and ``TOKEN_FWD_ELEMENTS_PER_WARP``,
+  OLMo2's norm over all heads of a token (``norm="token"``, ``[heads * d]`` weights), out of
+  place and in place.
 
 A candidate's results are first checked against the own values' (one bf16 ulp; the weight
 gradients to one ulp of their largest element): a candidate that computes something else is an
@@ -36,6 +37,10 @@ TOKEN_FORWARD = "fused QK-norm token forward"
 FORWARD_SETTINGS = ((512, 1), (1024, 1), (1024, 2), (2048, 2), (2048, 4))
 # programs per SM of the backward's grid: the H100 took 3, the H200 4.
 BACKWARD_SETTINGS = (2, 3, 4, 5, 6)
+# (q and k together, elements a warp): Qwen3-8B's 32 + 8 heads of 128 together on one, two or four
+# warps (4096, 2048, 1024), apart on one or two (q's 32 heads); the H100 took together on two,
+# the H200 together on one (tools/qknorm_launch_sweep.py --direction token-forward).
+TOKEN_FORWARD_SETTINGS = ((1, 1024), (1, 2048), (1, 4096), (0, 2048), (0, 4096))
 SHAPES = ("qwen3-8b prefill 4k", "qwen3-8b train 4x4k", "qwen3-8b prefill 32k")
 
 
@@ -45,7 +50,8 @@ def candidates() -> dict[str, dict[str, dict[str, int]]]:
     rows = {
         FORWARD: [dict(HEAD_FWD_BLOCK_ELEMENTS=e, HEAD_FWD_WARPS=w) for e, w in FORWARD_SETTINGS],
         BACKWARD: [dict(BACKWARD_PROGRAMS_PER_SM=p) for p in BACKWARD_SETTINGS],
-        TOKEN_FORWARD: [dict(TOKEN_FWD_QK_TOGETHER=v) for v in (0, 1)],
+        TOKEN_FORWARD: [dict(TOKEN_FWD_QK_TOGETHER=t, TOKEN_FWD_ELEMENTS_PER_WARP=e)
+                        for t, e in TOKEN_FORWARD_SETTINGS],
     }
     return {row: {name(c): c for c in cs if any(own[k] != v for k, v in c.items())}
             for row, cs in rows.items()}
