@@ -3,6 +3,7 @@ command's decisions and arguments (CPU; the timing itself runs on the GPU stages
 from __future__ import annotations
 
 import json
+import pathlib
 
 import pytest
 import torch
@@ -104,6 +105,22 @@ def test_every_shipped_tables_qknorm_entry_is_valid():
         if run:
             assert run["gpu"] == table["gpu"] and "--qknorm" in run["command"], family
             assert table["qknorm_measurements"], family
+        # a constant set by hand names the sweep's data file, measured on the table's GPU
+        root = pathlib.Path(__file__).resolve().parents[1]
+        for name, source in table.get("qknorm_source", {}).items():
+            assert name in constants, (family, name)
+            data = json.loads((root / source).read_text(encoding="utf-8"))
+            assert data["gpu"] == table["gpu"] and "qknorm_launch_sweep" in str(data["command"])
+
+
+def test_a_qknorm_run_replaces_the_constants_set_by_hand():
+    """``tune --qknorm`` decides every constant: the old table's ``qknorm_source`` goes, its plan
+    rows stay."""
+    old = dict(family="f", choices={"row": "alt"}, qknorm={"TOKEN_FWD_ELEMENTS_PER_WARP": 4096},
+               qknorm_source={"TOKEN_FWD_ELEMENTS_PER_WARP": "results/data/x.json"})
+    table = tune.with_qknorm(old, "f", {"TOKEN_FWD_ELEMENTS_PER_WARP": 2048}, {}, [], [])
+    assert "qknorm_source" not in table and table["choices"] == {"row": "alt"}
+    assert table["qknorm"] == {"TOKEN_FWD_ELEMENTS_PER_WARP": 2048} and "qknorm_source" in old
 
 
 def test_qknorm_constants_come_from_forced_then_the_family_table_then_the_module(

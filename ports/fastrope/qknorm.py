@@ -133,11 +133,12 @@ HEAD_FWD_WARPS = 1
 # took 3.1, 37.8, 141.5 and 282.4 us at 64, 4096, 4 x 4096 and 32768 tokens; whole tokens at
 # 2048 elements a warp (2 warps, fewer warps a program and more programs an SM) 2.3, 35.7, 130.2
 # and 260.0, at 1024 2.3, 37.9, 142.8 and 285.9, at 512 2.5, 42.9, 163.8 and 330.5. The elements
-# a warp are a device-tuned constant (DEVICE_TUNED): with q and k together, the H200 moved
-# Qwen3-8B's 4k, 4 x 4k and 32k tokens out of place in 27.4, 98.2 and 190.0 us on one warp
-# (4096; 255 registers, 8 programs an SM) against 28.6, 102.3 and 198.4 on two (2048; 168
-# registers, 6 programs an SM) and 35.5, 133.6 and 263.7 on four (1024) (bcca6aa, one run;
-# Nsight Compute at 4 x 4k on two warps: 18.75% occupancy, DRAM at 62% of its peak).
+# a warp are a device-tuned constant (DEVICE_TUNED; results/README.md, "OLMo2's norm forward: its
+# warps by GPU"). With q and k together the H200 moved Qwen3-8B's 4k, 4 x 4k and 32k tokens out
+# of place in 27.4, 98.2 and 190.0 us on one warp (4096; 255 registers, 8 programs an SM)
+# against 28.6, 102.3 and 198.4 on two (2048; 168 registers, 6 programs an SM), so its table
+# sets 4096; on the H100 `tune --qknorm` (d33c346) timed 4096 at 1.000x the time of 2048 (worst
+# case 1.006x) and 1024 at 1.270x, and 2048 stays the module's value.
 TOKEN_FWD_WHOLE_ELEMENTS = 8192
 TOKEN_FWD_ELEMENTS_PER_WARP = 2048
 # More warps where a thread of the one-pass forward would hold more of a token's elements than

@@ -9,8 +9,9 @@ torch reports them, the H100 and the H200 differ in the last two: 50 and 60 MiB,
 bits). A GPU whose family has no table runs plan.RULES as they are, the plan measured on the
 H100. A table's optional ``qknorm`` entry sets the fused QK-norm's launch constants for the
 family (``ports.fastrope.qknorm.DEVICE_TUNED``), written by ``python -m ports.harness.tune
---qknorm`` with its run and measurements beside it (or, where ``qknorm_source`` names sweeps of
-tools/qknorm_launch_sweep.py, copied from those by hand); the module's own values serve the rest.
+--qknorm`` with its run and measurements beside it; a constant that ``qknorm_source`` names was
+set by hand from the tools/qknorm_launch_sweep.py data file it names (the next ``--qknorm`` run
+decides it, and drops the entry); the module's own values serve the rest.
 """
 from __future__ import annotations
 

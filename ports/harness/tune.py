@@ -247,9 +247,12 @@ def with_qknorm(old: dict | None, family: str, constants: dict[str, int], run: d
                 scores: list[dict], measurements: list[dict]) -> dict:
     """The family's table (``old``, or a new one without plan choices) with its fused QK-norm
     entry from a ``--qknorm`` run: ``qknorm`` (the constants), ``qknorm_run`` (command, commit,
-    GPU, date, margin, rounds, choices), ``qknorm_scores`` and ``qknorm_measurements``."""
+    GPU, date, margin, rounds, choices), ``qknorm_scores`` and ``qknorm_measurements``. The run
+    decides every constant, so ``old``'s ``qknorm_source`` (constants set by hand from sweeps)
+    goes."""
     table = dict(old) if old is not None and old.get("family") == family else dict(
         family=family, choices={}, scores=[], measurements=[], runs=[])
+    table.pop("qknorm_source", None)
     return dict(table, qknorm=constants, qknorm_run=run, qknorm_scores=scores,
                 qknorm_measurements=measurements)
 
