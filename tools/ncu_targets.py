@@ -12,6 +12,8 @@ warm-up, between cudaProfilerStart/Stop: what Nsight Compute profiles to compare
     ncu --profile-from-start off --kernel-name regex:qk_ python -m tools.ncu_targets \
         qknorm_token_forward  # the same shape's forward out of place, OLMo2's norm over a
                               # token's heads (norm="token") beside Qwen3's per head
+    ncu --profile-from-start off --kernel-name regex:qk_token python -m tools.ncu_targets \
+        qknorm_token_backward  # OLMo2's norm, forward + backward, at 4k and 4 x 4k tokens
 
 torch's same-dtype copy is a cudaMemcpy, which Nsight Compute does not profile: the targets that
 run one get no row for it (2026-11-25, H100).
@@ -103,8 +105,25 @@ def qknorm_token_forward():
               lambda: qk_norm_rope(q, k, hw, hkw, bench.EPS, cos=cos, sin=sin)])
 
 
+def qknorm_token_backward():
+    from ports.fastrope.qknorm import qk_norm_rope
+    from ports.harness import qknorm_bench as bench
+
+    calls = []
+    for name in ("qwen3-8b prefill 4k", "qwen3-8b train 4x4k"):
+        shape = next(s for s in bench.SHAPES if s.name == name)
+        q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=True, norm="token")
+        outs = qk_norm_rope(q, k, qw, kw, bench.EPS, cos=cos, sin=sin, norm="token")
+        grads = [torch.randn_like(o) for o in outs]
+        calls.append(lambda q=q, k=k, qw=qw, kw=kw, cos=cos, sin=sin, grads=grads:
+                     torch.autograd.grad(qk_norm_rope(q, k, qw, kw, bench.EPS, cos=cos, sin=sin,
+                                                      norm="token"), (q, k, qw, kw), grads))
+    _profile(calls)
+
+
 TARGETS = {"prefill": prefill, "decode": decode, "peers_long": peers_long,
-           "qknorm_train": qknorm_train, "qknorm_token_forward": qknorm_token_forward}
+           "qknorm_train": qknorm_train, "qknorm_token_forward": qknorm_token_forward,
+           "qknorm_token_backward": qknorm_token_backward}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in TARGETS:
