@@ -9,6 +9,7 @@ and inputs checked unchanged. The GPU suite (tests/test_gpu_qknorm.py) reuses
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
 import pytest
@@ -394,7 +395,8 @@ def _tma_reads(monkeypatch, passes: str) -> list[bool]:
     launch = qknr._backward_token_norm
 
     def checked(*args):  # q and k in one program exactly where asked for and through TMA
-        assert args[-1] == ("together" in passes and args[-3] is not None)
+        bound = inspect.signature(launch).bind(*args).arguments
+        assert bound["together"] == ("together" in passes and bound["descs"] is not None)
         return launch(*args)
 
     monkeypatch.setattr(qknr, "_backward_token_norm", checked)
@@ -541,7 +543,8 @@ def test_token_norm_backward_takes_q_and_k_together_in_16_bit(monkeypatch):
     seen, launch = [], qknr._backward_token_norm
 
     def recorded(*args):
-        seen.append((args[1].dtype, args[-3] is not None, args[-1], args[-7]))  # tpp
+        a = inspect.signature(launch).bind(*args).arguments
+        seen.append((a["dq_out"].dtype, a["descs"] is not None, a["together"], a["tpp"]))
         return launch(*args)
 
     monkeypatch.setattr(qknr, "_backward_token_norm", recorded)
