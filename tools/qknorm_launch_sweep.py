@@ -24,8 +24,8 @@ row): ``TOKEN_BWD_WHOLE_ELEMENTS`` (0: every token in two passes over blocks of 
 read through TMA descriptors: ``TOKEN_BWD_TMA`` (0: plain loads, the token-backward settings),
 ``TOKEN_BWD_TMA_ELEMENTS_PER_WARP``, ``TOKEN_BWD_TMA_TOKENS`` (the most tokens a program),
 ``TOKEN_BWD_TMA_STAGES``, ``TOKEN_BWD_TMA_PROGRAMS_PER_SM``, ``TOKEN_BWD_TMA_QK_TOGETHER``
-(a token's q and k in one program) and ``TOKEN_BWD_TMA_MAX_REGISTERS`` (ptxas's cap). The token directions have no
-torch.compile row. A results data file with ``--json``:
+(a token's q and k in one program) and ``TOKEN_BWD_TMA_MAX_REGISTERS`` (ptxas's cap). The
+token directions have no torch.compile row. A results data file with ``--json``:
 
     python -m tools.qknorm_launch_sweep [--direction forward|backward|token-forward|token-backward
                                           |token-backward-tma]
