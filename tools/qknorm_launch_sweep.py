@@ -23,9 +23,9 @@ row): ``TOKEN_BWD_WHOLE_ELEMENTS`` (0: every token in two passes over blocks of 
 ``TOKEN_FWD_ELEMENTS_PER_WARP``; ``--direction token-backward-tma`` the backward's whole tokens
 read through TMA descriptors: ``TOKEN_BWD_TMA`` (0: plain loads, the token-backward settings),
 ``TOKEN_BWD_TMA_ELEMENTS_PER_WARP``, ``TOKEN_BWD_TMA_TOKENS`` (the most tokens a program),
-``TOKEN_BWD_TMA_STAGES``, ``TOKEN_BWD_TMA_PROGRAMS_PER_SM``, ``TOKEN_BWD_TMA_QK_TOGETHER``
-(a token's q and k in one program) and ``TOKEN_BWD_TMA_MAX_REGISTERS`` (ptxas's cap). The
-token directions have no torch.compile row. A results data file with ``--json``:
+``TOKEN_BWD_TMA_STAGES``, ``TOKEN_BWD_TMA_PROGRAMS_PER_SM`` and
+``TOKEN_BWD_TMA_QK_TOGETHER`` (a token's q and k in one program). The token directions have no
+torch.compile row. A results data file with ``--json``:
 
     python -m tools.qknorm_launch_sweep [--direction forward|backward|token-forward|token-backward
                                           |token-backward-tma]
@@ -81,16 +81,14 @@ def token_forward_settings() -> list[tuple[int, int]]:
     return [(0, 512)] + [(8192, e) for e in (256, 512, 1024, 2048)]
 
 
-def token_backward_tma_settings() -> list[tuple[int, int, int, int, int, int, int]]:
-    """(TMA, elements a warp, most tokens a program, stages, programs an SM, q and k together,
-    most registers a thread (0: ptxas's choice)): plain loads (0), and TMA on 4 or 8 warps (32
-    heads of 128), at most 32 to 512 tokens a program, 2 to 4 stages, q and k apart on 2 programs
-    an SM (a q and a k); 4 warps, 3 stages, 4 or 8 programs an SM apart; q and k together, 2 to
-    4 programs an SM; and together on 8 warps capped at 128 registers (2 programs an SM fit)."""
-    return [(0, 1024, 32, 3, 2, 0, 0)] + [(1, e, t, s, 2, 0, 0) for e, t, s in itertools.product(
-        (512, 1024), (32, 128, 512), (2, 3, 4))] + [
-        (1, 1024, 512, 3, p, 0, 0) for p in (4, 8)] + [
-        (1, 1024, 512, 3, p, 1, 0) for p in (2, 3, 4)] + [(1, 512, 512, 3, 2, 1, 128)]
+def token_backward_tma_settings() -> list[tuple[int, int, int, int, int, int]]:
+    """(TMA, elements a warp, most tokens a program, stages, programs an SM, q and k together):
+    plain loads (0), and TMA on 4 or 8 warps (32 heads of 128), at most 32 to 512 tokens a
+    program, 2 to 4 stages, q and k apart on 2 programs an SM (a q and a k); 4 warps, 3 stages, 4
+    or 8 programs an SM apart; and q and k together, 2 to 4 programs an SM."""
+    return [(0, 1024, 32, 3, 2, 0)] + [(1, e, t, s, 2, 0) for e, t, s in itertools.product(
+        (512, 1024), (32, 128, 512), (2, 3, 4))] + [(1, 1024, 512, 3, p, 0) for p in (4, 8)] + [
+        (1, 1024, 512, 3, p, 1) for p in (2, 3, 4)]
 
 
 _TOKEN_CONSTANTS = {
@@ -99,8 +97,7 @@ _TOKEN_CONSTANTS = {
                        "LONG_RUN_TOKENS", "TOKEN_BWD_STAGES"),
     "token-backward-tma": ("TOKEN_BWD_TMA", "TOKEN_BWD_TMA_ELEMENTS_PER_WARP",
                            "TOKEN_BWD_TMA_TOKENS", "TOKEN_BWD_TMA_STAGES",
-                           "TOKEN_BWD_TMA_PROGRAMS_PER_SM", "TOKEN_BWD_TMA_QK_TOGETHER",
-                           "TOKEN_BWD_TMA_MAX_REGISTERS")}
+                           "TOKEN_BWD_TMA_PROGRAMS_PER_SM", "TOKEN_BWD_TMA_QK_TOGETHER")}
 
 
 @contextlib.contextmanager
@@ -241,7 +238,7 @@ COLUMNS = {"forward": ["shape", "block elements", "warps", "out of place (us)", 
                               "tokens a program", "stages", "backward (us)", "% copy"],
            "token-backward-tma": ["shape", "TMA", "elements a warp", "most tokens a program",
                                   "stages", "programs an SM", "q and k together",
-                                  "most registers", "backward (us)", "% copy"]}
+                                  "backward (us)", "% copy"]}
 
 
 def main(argv=None) -> int:

@@ -210,8 +210,6 @@ TOKEN_BWD_TMA_PROGRAMS_PER_SM = 2
 TOKEN_BWD_TMA_QK_TOGETHER = {2: 1, 4: 0}
 TOKEN_BWD_TMA_STAGES = 3
 TOKEN_BWD_TMA_ELEMENTS_PER_WARP = {2: 1024, 4: 512}  # by element size
-# ptxas's cap on a TMA backward program's registers a thread (0: none), by element size.
-TOKEN_BWD_TMA_MAX_REGISTERS = {2: 0, 4: 0}
 # The per-head backward's block by (element size, whether the head has an unrotated tail).
 # 16-bit: 2048 (16 heads of 128), the fastest of the sweep (tools/qknorm_launch_sweep.py); on the
 # H100 at Qwen3-8B's 32/8 heads, bf16, 16 tokens a program and 4 warps, the kernel alone took
@@ -657,11 +655,10 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
             stages = TOKEN_BWD_TMA_STAGES
             per_warp = TOKEN_BWD_TMA_ELEMENTS_PER_WARP[q.element_size()]
             warps = max(BACKWARD_WARPS, bq * triton.next_power_of_2(g.head_dim) // per_warp)
-        registers = TOKEN_BWD_TMA_MAX_REGISTERS[q.element_size()] if descs is not None else 0
         return _backward_token_norm(g, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
                                     cos, sin, positions, base, gemma, layout, bq, bk, tpp,
                                     triton.cdiv(g.tokens, tpp), whole_token, warps, descs,
-                                    stages, together, registers)
+                                    stages, together)
     elements = HEAD_BWD_BLOCK_ELEMENTS[q.element_size(), g.rotary_dim < g.head_dim]
     bq = _block_heads(g.q_heads, g.head_dim, elements)
     bk = _block_heads(g.k_heads, g.head_dim, elements)
@@ -705,12 +702,12 @@ def weight_grads(qpart: Tensor, kpart: Tensor, q_weight: Tensor,
 
 def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_weight, eps,
                          cos, sin, positions, base, gemma, layout, bq, bk, tpp, groups,
-                         whole_token, warps, descs, stages, together, registers=0):
+                         whole_token, warps, descs, stages, together):
     """norm="token": one launch over (token groups, q and k), then the fixed-order sums of the
     ``[groups, heads * head_dim]`` partial rows. ``whole_token``: every head of q in one block
     of ``bq`` and of k in one of ``bk`` (one pass a token); ``descs``: the TMA descriptors of
     :func:`_token_descriptors`, or None (plain loads and stores); ``together`` (through TMA
-    only): a token's q and k in one program; ``registers``: ptxas's cap a thread (0: none)."""
+    only): a token's q and k in one program."""
     qpart = _alloc.empty((groups, g.q_heads * g.head_dim), dtype=torch.float32, device=q.device)
     kpart = _alloc.empty((groups, g.k_heads * g.head_dim), dtype=torch.float32, device=q.device)
     if descs is not None:
@@ -729,8 +726,7 @@ def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_
                 # through TMA the count is a runtime argument: one build for any count
                 TOKENS_PER_PROGRAM=1 if descs is not None else tpp,
                 WHOLE_TOKEN=whole_token, TMA=descs is not None, QK_TOGETHER=together,
-                STAGES=stages, num_warps=warps, **({"maxnreg": registers} if registers else {}),
-                **kw)
+                STAGES=stages, num_warps=warps, **kw)
     return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight)
 
 
