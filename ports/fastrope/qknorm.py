@@ -133,8 +133,8 @@ HEAD_FWD_WARPS = 1
 # took 3.1, 37.8, 141.5 and 282.4 us at 64, 4096, 4 x 4096 and 32768 tokens; whole tokens at
 # 2048 elements a warp (2 warps, fewer warps a program and more programs an SM) 2.3, 35.7, 130.2
 # and 260.0, at 1024 2.3, 37.9, 142.8 and 285.9, at 512 2.5, 42.9, 163.8 and 330.5. The elements
-# a warp are a device-tuned constant (DEVICE_TUNED; results/README.md, "OLMo2's norm forward: its
-# warps by GPU"). With q and k together the H200 moved Qwen3-8B's 4k, 4 x 4k and 32k tokens out
+# a warp are a device-tuned constant (DEVICE_TUNED; results/README.md, "OLMo2's norm: the
+# forward's warps by GPU"). With q and k together the H200 moved Qwen3-8B's 4k, 4 x 4k and 32k tokens out
 # of place in 27.4, 98.2 and 190.0 us on one warp (4096; 255 registers, 8 programs an SM)
 # against 28.6, 102.3 and 198.4 on two (2048; 168 registers, 6 programs an SM), so its table
 # sets 4096; on the H100 `tune --qknorm` (d33c346) timed 4096 at 1.000x the time of 2048 (worst
