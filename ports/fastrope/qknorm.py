@@ -134,23 +134,24 @@ HEAD_FWD_WARPS = 1
 # 2048 elements a warp (2 warps, fewer warps a program and more programs an SM) 2.3, 35.7, 130.2
 # and 260.0, at 1024 2.3, 37.9, 142.8 and 285.9, at 512 2.5, 42.9, 163.8 and 330.5. The elements
 # a warp are a device-tuned constant (DEVICE_TUNED; results/README.md, "OLMo2's norm: the
-# forward's warps by GPU"). With q and k together the H200 moved Qwen3-8B's 4k, 4 x 4k and 32k tokens out
-# of place in 27.4, 98.2 and 190.0 us on one warp (4096; 255 registers, 8 programs an SM)
-# against 28.6, 102.3 and 198.4 on two (2048; 168 registers, 6 programs an SM), so its table
+# forward's warps by GPU"). With q and k together the H200 moved Qwen3-8B's 4k, 4 x 4k and 32k
+# tokens out of place in 27.4, 98.2 and 190.0 us on one warp (4096; 255 registers, 8 programs an
+# SM) against 28.6, 102.3 and 198.4 on two (2048; 168 registers, 6 programs an SM), so its table
 # sets 4096; on the H100 `tune --qknorm` (d33c346) timed 4096 at 1.000x the time of 2048 (worst
 # case 1.006x) and 1024 at 1.270x, and 2048 stays the module's value.
 TOKEN_FWD_WHOLE_ELEMENTS = 8192
 TOKEN_FWD_ELEMENTS_PER_WARP = 2048
 # More warps where a thread of the one-pass forward would hold more of a token's elements than
-# this, by (the rows' element size, the weights'), or TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD where
-# the channels are strided (each element's own address register): the most
-# that compile without a register spill on sm_90 (Triton 3.6 and 3.8, q and k together, half and
-# full tables). 16-bit rows and weights: 160 (32 + 8 heads of 128 on one warp, 255 registers); 192
-# (32 + 16 heads) spilled 152 bytes. 16-bit rows, fp32 weights (a bf16 model's activations under
-# autocast, its weights fp32): 128; 160 spilled up to 102 bytes. fp32 rows: 96 (32 + 16 heads on
-# two warps, 250 registers); 160 spilled 64 bytes. 2048 elements a warp stays within all of them
-# (at most 96 a thread, 48 strided); 4096 would put 32 + 16 heads of 128 on one warp. Strided,
-# 64 (fp16, 32 heads of 96 on two warps) spilled 52 bytes under Triton 3.8.
+# TOKEN_FWD_MOST_ELEMENTS_A_THREAD, by (the rows' element size, the weights'), or than
+# TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD where the channels are strided (each element's own
+# address register): the most that compile without a register spill on sm_90 (Triton 3.6 and
+# 3.8, q and k together, half and full tables). 16-bit rows and weights: 160 (32 + 8 heads of 128
+# on one warp, 255 registers); 192 (32 + 16 heads) spilled 152 bytes. 16-bit rows, fp32 weights
+# (a bf16 model's activations under autocast, its weights fp32): 128; 160 spilled up to 102
+# bytes. fp32 rows: 96 (32 + 16 heads on two warps, 250 registers); 160 spilled 64 bytes.
+# Strided: 48; 64 (fp16, 32 heads of 96 on two warps) spilled 52 bytes under Triton 3.8. 2048
+# elements a warp stays within all of them (at most 96 a thread, 48 strided); 4096 would put
+# 32 + 16 heads of 128 on one warp.
 TOKEN_FWD_MOST_ELEMENTS_A_THREAD = {(2, 2): 160, (2, 4): 128, (4, 2): 96, (4, 4): 96}
 TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD = 48
 TOKEN_FWD_BLOCK_ELEMENTS = 2048
