@@ -808,7 +808,8 @@ UNIT_STRIDES = dict.fromkeys(("sqd", "skd", "sgqd", "sgkd", "sdqd", "sdkd", "sqo
 
 for fn, extra, elements, warps in (
         (K.qk_norm_rope_fwd_kernel, {}, Q.HEAD_FWD_BLOCK_ELEMENTS, Q.HEAD_FWD_WARPS),
-        (K.qk_norm_rope_bwd_kernel, {"STAGES": Q.BACKWARD_STAGES}, None, Q.BACKWARD_WARPS),
+        (K.qk_norm_rope_bwd_kernel, {"STAGES": Q.BACKWARD_STAGES, "PDL": True}, None,
+         Q.BACKWARD_WARPS),
         (K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": False, "QK_TOGETHER": False},
          Q.TOKEN_FWD_BLOCK_ELEMENTS, Q.TOKEN_FWD_WARPS),
         # whole tokens, q's 32 heads and k's 8 in one program or apart, on the launcher's warps
@@ -820,11 +821,13 @@ for fn, extra, elements, warps in (
           for together in (True, False) for per_warp in token_forward_per_warp()),
         (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS,
                                            "WHOLE_TOKEN": False, "TMA": False, **NO_DESCS,
-                                           "QK_TOGETHER": False, "STAGES": Q.TOKEN_BWD_STAGES},
+                                           "QK_TOGETHER": False, "STAGES": Q.TOKEN_BWD_STAGES,
+                                           "PDL": True},
          Q.TOKEN_BWD_BLOCK_ELEMENTS, Q.BACKWARD_WARPS),
         (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS,
                                            "WHOLE_TOKEN": True, "TMA": False, **NO_DESCS,
-                                           "QK_TOGETHER": False, "STAGES": Q.TOKEN_BWD_STAGES},
+                                           "QK_TOGETHER": False, "STAGES": Q.TOKEN_BWD_STAGES,
+                                           "PDL": True},
          Q.TOKEN_BWD_WHOLE_ELEMENTS,
          max(Q.BACKWARD_WARPS, 32 * 128 // Q.TOKEN_BWD_ELEMENTS_PER_WARP)),
         # through TMA, q and k apart and together
@@ -835,7 +838,7 @@ for fn, extra, elements, warps in (
                                                 if n in K.qk_token_norm_rope_bwd_kernel.arg_names},
                                              "QK_TOGETHER": together,
                                              "STAGES": Q.TOKEN_BWD_TMA_STAGES,
-                                             "TABLES_ONLY": True},
+                                             "PDL": True, "TABLES_ONLY": True},
            Q.TOKEN_BWD_WHOLE_ELEMENTS, None) for together in (False, True))):
     tma = extra.get("TMA", False)
     contiguous_when_aligned = extra.pop("CONTIGUOUS_WHEN_ALIGNED", False)
@@ -885,7 +888,8 @@ for fn, extra, elements, warps in (
 
 for dtype in ("bf16", "fp16", "fp32"):
     fn = K.weight_grad_kernel
-    consts = dict(BLOCK_R=Q.WEIGHT_GRAD_BLOCK_ROWS, BLOCK_C=Q.WEIGHT_GRAD_BLOCK_COLUMNS)
+    consts = dict(BLOCK_R=Q.WEIGHT_GRAD_BLOCK_ROWS, BLOCK_C=Q.WEIGHT_GRAD_BLOCK_COLUMNS,
+                  PDL=True)
     sig = {n: "constexpr" if n in consts else "*" + dtype if n in ("dqw_ptr", "dkw_ptr")
            else "*fp32" if n.endswith("_ptr") else "i32" for n in fn.arg_names}
     triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),

@@ -1,31 +1,31 @@
 """qk_norm_rope's launch settings swept on the qknorm suite's shapes (needs a GPU).
 
-For each shape (bf16, Qwen3's per-head norm; the suite's inputs) each setting of the module's
-launch constants is timed, beside torch.compile of the unfused pair (the suite's row, a fresh
-compile cache per shape) and a copy of the bytes the direction moves. The forward sweeps
-``HEAD_FWD_BLOCK_ELEMENTS`` (heads per program * head_dim) and ``HEAD_FWD_WARPS``, 4 to 64
-elements a thread, out of place and in place (q and k read and written); the backward sweeps the
-16-bit full-rotary ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS``,
-``BACKWARD_PROGRAMS_PER_SM`` (the grid's budget, which sets the tokens a program) and
-``BACKWARD_STAGES`` (the token loop's software-pipelining stages, for every head width), timed
-as a forward + backward step captured in one graph minus the forward alone (dy, q and k read, dq
-and dk written). CUDA-graph us, the minimum of 3 interleaved medians. Each setting's results
-are checked against the GPU's default's first: dq, dk and the outputs to one bf16 ulp (the sum
-of squares' order follows the block), the weight gradients to one bf16 ulp of their largest
-element (their sums' order follows the blocks and tokens). This is the lab's wide sweep; the
-constants a GPU family's table sets (``DEVICE_TUNED``) are tuned and written by
-``python -m ports.harness.tune --qknorm``. ``--direction token-backward`` sweeps OLMo2's norm over
-all heads of a token (``norm="token"``, the per-head weights tiled over the heads, as the suite's
-row): ``TOKEN_BWD_WHOLE_ELEMENTS`` (0: every token in two passes over blocks of heads),
-``TOKEN_BWD_ELEMENTS_PER_WARP``, the tokens a program (``LONG_RUN_TOKENS``) and
+For each shape (bf16, Qwen3's per-head norm; the suite's inputs) each setting of the module's launch
+constants is timed, beside torch.compile of the unfused pair (the suite's row, a fresh compile cache
+per shape) and a copy of the bytes the direction moves. The forward sweeps
+``HEAD_FWD_BLOCK_ELEMENTS`` (heads per program * head_dim) and ``HEAD_FWD_WARPS``, 4 to 64 elements
+a thread, out of place and in place (q and k read and written); the backward sweeps the 16-bit
+full-rotary ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS``, ``BACKWARD_PROGRAMS_PER_SM`` (the
+grid's budget, which sets the tokens a program), ``BACKWARD_STAGES`` (the token loop's
+software-pipelining stages, for every head width) and ``WEIGHT_GRAD_PDL`` (the weight-gradient
+reduction as the backward's programmatic dependent), timed as a forward + backward step captured in
+one graph minus the forward alone (dy, q and k read, dq and dk written). CUDA-graph us, the minimum
+of 3 interleaved medians. Each setting's results are checked against the GPU's default's first: dq,
+dk and the outputs to one bf16 ulp (the sum of squares' order follows the block), the weight
+gradients to one bf16 ulp of their largest element (their sums' order follows the blocks and
+tokens). This is the lab's wide sweep; the constants a GPU family's table sets (``DEVICE_TUNED``)
+are tuned and written by ``python -m ports.harness.tune --qknorm``. ``--direction token-backward``
+sweeps OLMo2's norm over all heads of a token (``norm="token"``, the per-head weights tiled over the
+heads, as the suite's row): ``TOKEN_BWD_WHOLE_ELEMENTS`` (0: every token in two passes over blocks
+of heads), ``TOKEN_BWD_ELEMENTS_PER_WARP``, the tokens a program (``LONG_RUN_TOKENS``) and
 ``TOKEN_BWD_STAGES``; ``--direction token-forward`` its forward, out of place and in place:
 ``TOKEN_FWD_WHOLE_ELEMENTS`` (0: two passes over blocks of heads) and
-``TOKEN_FWD_ELEMENTS_PER_WARP``; ``--direction token-backward-tma`` the backward's whole tokens
-read through TMA descriptors: ``TOKEN_BWD_TMA`` (0: plain loads, the token-backward settings),
+``TOKEN_FWD_ELEMENTS_PER_WARP``; ``--direction token-backward-tma`` the backward's whole tokens read
+through TMA descriptors: ``TOKEN_BWD_TMA`` (0: plain loads, the token-backward settings),
 ``TOKEN_BWD_TMA_ELEMENTS_PER_WARP``, ``TOKEN_BWD_TMA_TOKENS`` (the most tokens a program),
-``TOKEN_BWD_TMA_STAGES``, ``TOKEN_BWD_TMA_PROGRAMS_PER_SM`` and
-``TOKEN_BWD_TMA_QK_TOGETHER`` (a token's q and k in one program). The token directions have no
-torch.compile row. A results data file with ``--json``:
+``TOKEN_BWD_TMA_STAGES``, ``TOKEN_BWD_TMA_PROGRAMS_PER_SM``, ``TOKEN_BWD_TMA_QK_TOGETHER`` (a
+token's q and k in one program) and ``WEIGHT_GRAD_PDL``. The token directions have no torch.compile
+row. A results data file with ``--json``:
 
     python -m tools.qknorm_launch_sweep [--direction forward|backward|token-forward|token-backward
                                           |token-backward-tma]
@@ -58,12 +58,12 @@ def forward_settings() -> list[tuple[int, int]]:
             if 4 <= e // (32 * w) <= 64]
 
 
-def backward_settings() -> list[tuple[int, int, int, int]]:
-    """(block elements, warps, programs per SM, stages), 8 to 16 elements a thread: 8 warps and
-    2 stages, slower than 4 warps and 1 or 3 stages at every matched setting on the H100
-    (e908b9a), are left out."""
-    return [(e, w, p, s) for e, w, p, s in itertools.product((512, 1024, 2048), (1, 2, 4),
-                                                             (2, 4, 8, 16), (1, 3))
+def backward_settings() -> list[tuple[int, int, int, int, int]]:
+    """(block elements, warps, programs per SM, stages, reduction by dependent launch), 8 to 16
+    elements a thread: 8 warps and 2 stages, slower than 4 warps and 1 or 3 stages at every
+    matched setting on the H100 (e908b9a), are left out."""
+    return [(e, w, p, s, 1) for e, w, p, s in itertools.product((512, 1024, 2048), (1, 2, 4),
+                                                                (2, 4, 8, 16), (1, 3))
             if 8 <= e // (32 * w) <= 16]
 
 
@@ -81,14 +81,15 @@ def token_forward_settings() -> list[tuple[int, int]]:
     return [(0, 512)] + [(8192, e) for e in (256, 512, 1024, 2048)]
 
 
-def token_backward_tma_settings() -> list[tuple[int, int, int, int, int, int]]:
-    """(TMA, elements a warp, most tokens a program, stages, programs an SM, q and k together):
+def token_backward_tma_settings() -> list[tuple[int, int, int, int, int, int, int]]:
+    """(TMA, elements a warp, most tokens a program, stages, programs an SM, q and k together,
+    reduction by dependent launch):
     plain loads (0), and TMA on 4 or 8 warps (32 heads of 128), at most 32 to 512 tokens a
     program, 2 to 4 stages, q and k apart on 2 programs an SM (a q and a k); 4 warps, 3 stages, 4
     or 8 programs an SM apart; and q and k together, 2 to 4 programs an SM."""
-    return [(0, 1024, 32, 3, 2, 0)] + [(1, e, t, s, 2, 0) for e, t, s in itertools.product(
-        (512, 1024), (32, 128, 512), (2, 3, 4))] + [(1, 1024, 512, 3, p, 0) for p in (4, 8)] + [
-        (1, 1024, 512, 3, p, 1) for p in (2, 3, 4)]
+    return [(0, 1024, 32, 3, 2, 0, 1)] + [(1, e, t, s, 2, 0, 1) for e, t, s in itertools.product(
+        (512, 1024), (32, 128, 512), (2, 3, 4))] + [(1, 1024, 512, 3, p, 0, 1) for p in (4, 8)] + [
+        (1, 1024, 512, 3, p, 1, 1) for p in (2, 3, 4)]
 
 
 _TOKEN_CONSTANTS = {
@@ -97,7 +98,8 @@ _TOKEN_CONSTANTS = {
                        "LONG_RUN_TOKENS", "TOKEN_BWD_STAGES"),
     "token-backward-tma": ("TOKEN_BWD_TMA", "TOKEN_BWD_TMA_ELEMENTS_PER_WARP",
                            "TOKEN_BWD_TMA_TOKENS", "TOKEN_BWD_TMA_STAGES",
-                           "TOKEN_BWD_TMA_PROGRAMS_PER_SM", "TOKEN_BWD_TMA_QK_TOGETHER")}
+                           "TOKEN_BWD_TMA_PROGRAMS_PER_SM", "TOKEN_BWD_TMA_QK_TOGETHER",
+                           "WEIGHT_GRAD_PDL")}
 
 
 @contextlib.contextmanager
@@ -124,7 +126,7 @@ def launch_settings(direction: str, setting: tuple[int, ...]):
     saved = (qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS,
              dict(qknorm.HEAD_BWD_BLOCK_ELEMENTS), qknorm.BACKWARD_WARPS,
              qknorm.BACKWARD_PROGRAMS_PER_SM, qknorm.BACKWARD_STAGES,
-             qknorm.PIPELINED_MAX_HEAD_DIM)
+             qknorm.PIPELINED_MAX_HEAD_DIM, qknorm.WEIGHT_GRAD_PDL)
     if direction == "forward":
         qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS = setting
         qknorm.FORCED.update(HEAD_FWD_BLOCK_ELEMENTS=setting[0], HEAD_FWD_WARPS=setting[1])
@@ -132,7 +134,8 @@ def launch_settings(direction: str, setting: tuple[int, ...]):
         qknorm.FORCED["BACKWARD_PROGRAMS_PER_SM"] = setting[2]
         qknorm.HEAD_BWD_BLOCK_ELEMENTS = {**saved[2], (2, False): setting[0]}
         (qknorm.BACKWARD_WARPS, qknorm.BACKWARD_PROGRAMS_PER_SM,
-         qknorm.BACKWARD_STAGES) = setting[1:]
+         qknorm.BACKWARD_STAGES) = setting[1:4]
+        qknorm.WEIGHT_GRAD_PDL = bool(setting[4])
         qknorm.PIPELINED_MAX_HEAD_DIM = qknorm.MAX_HEAD_DIM  # the stages swept apply to any head
     try:
         yield
@@ -141,7 +144,7 @@ def launch_settings(direction: str, setting: tuple[int, ...]):
         qknorm.FORCED.update(forced)
         (qknorm.HEAD_FWD_BLOCK_ELEMENTS, qknorm.HEAD_FWD_WARPS, qknorm.HEAD_BWD_BLOCK_ELEMENTS,
          qknorm.BACKWARD_WARPS, qknorm.BACKWARD_PROGRAMS_PER_SM, qknorm.BACKWARD_STAGES,
-         qknorm.PIPELINED_MAX_HEAD_DIM) = saved
+         qknorm.PIPELINED_MAX_HEAD_DIM, qknorm.WEIGHT_GRAD_PDL) = saved
 
 
 def default_setting(direction: str) -> tuple[int, ...]:
@@ -149,12 +152,14 @@ def default_setting(direction: str) -> tuple[int, ...]:
     device = torch.device("cuda", torch.cuda.current_device())
     if direction in _TOKEN_CONSTANTS:
         return tuple(qknorm.launch_constant(name, device) if name in qknorm.DEVICE_TUNED
+                     else int(getattr(qknorm, name)) if name == "WEIGHT_GRAD_PDL"
                      else getattr(qknorm, name) for name in _TOKEN_CONSTANTS[direction])
     if direction == "forward":
         return (qknorm.launch_constant("HEAD_FWD_BLOCK_ELEMENTS", device),
                 qknorm.launch_constant("HEAD_FWD_WARPS", device))
     return (qknorm.HEAD_BWD_BLOCK_ELEMENTS[2, False], qknorm.BACKWARD_WARPS,
-            qknorm.launch_constant("BACKWARD_PROGRAMS_PER_SM", device), qknorm.BACKWARD_STAGES)
+            qknorm.launch_constant("BACKWARD_PROGRAMS_PER_SM", device), qknorm.BACKWARD_STAGES,
+            int(qknorm.WEIGHT_GRAD_PDL))
 
 
 def _under(direction, setting, fn):
@@ -231,14 +236,14 @@ def sweep(shape, direction: str, settings: list[tuple[int, ...]]
 COLUMNS = {"forward": ["shape", "block elements", "warps", "out of place (us)", "% copy",
                        "in place (us)", "% copy"],
            "backward": ["shape", "block elements", "warps", "programs per SM", "stages",
-                        "backward (us)", "% copy"],
+                        "reduction by dependent launch", "backward (us)", "% copy"],
            "token-forward": ["shape", "whole-token elements", "elements a warp",
                              "out of place (us)", "% copy", "in place (us)", "% copy"],
            "token-backward": ["shape", "whole-token elements", "elements a warp",
                               "tokens a program", "stages", "backward (us)", "% copy"],
            "token-backward-tma": ["shape", "TMA", "elements a warp", "most tokens a program",
                                   "stages", "programs an SM", "q and k together",
-                                  "backward (us)", "% copy"]}
+                                  "reduction by dependent launch", "backward (us)", "% copy"]}
 
 
 def main(argv=None) -> int:

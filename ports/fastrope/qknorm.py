@@ -267,6 +267,11 @@ PIPELINED_MAX_HEAD_DIM = 128
 WEIGHT_GRAD_BLOCK_COLUMNS = 8
 WEIGHT_GRAD_BLOCK_ROWS = 128
 WEIGHT_GRAD_WARPS = 4
+# The reduction's launch follows the backward's by programmatic dependent launch where the GPU has
+# it (sm_90 and up): the backward's programs let it launch once they have all started, and its
+# programs wait for the backward's grid to end before they read the partial rows. Its launch and
+# set-up then overlap the backward's last tokens instead of following them.
+WEIGHT_GRAD_PDL = True
 
 
 @dataclass(frozen=True)
@@ -612,6 +617,13 @@ def backward_tokens_per_program(tokens: int, head_blocks: int, device: torch.dev
     return max(1, triton.cdiv(tokens * head_blocks, budget))
 
 
+def _pdl(device: torch.device) -> bool:
+    """Whether the weight-gradient reduction follows the backward by programmatic dependent
+    launch on ``device`` (``WEIGHT_GRAD_PDL``, a CUDA device of compute capability 9.0 or up)."""
+    return bool(WEIGHT_GRAD_PDL) and device.type == "cuda" \
+        and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def _dense(g: Tensor | None, like: Tensor) -> Tensor:
     """A gradient autograd left undefined is zeros (any strides are taken, zero ones included)."""
     return torch.zeros_like(like) if g is None else g
@@ -682,22 +694,23 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
                 BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma,
                 STAGES=(BACKWARD_STAGES if triton.next_power_of_2(g.head_dim)
                         <= PIPELINED_MAX_HEAD_DIM else 1),
-                num_warps=BACKWARD_WARPS, **kw)
+                PDL=_pdl(q.device), num_warps=BACKWARD_WARPS, **kw)
     return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight)
 
 
 def weight_grads(qpart: Tensor, kpart: Tensor, q_weight: Tensor,
                  k_weight: Tensor) -> tuple[Tensor, Tensor]:
     """(dq_weight, dk_weight): the fp32 partial rows' column sums in a fixed order, in the
-    weights' dtypes, in one launch."""
+    weights' dtypes, in one launch (the backward's programmatic dependent where ``_pdl``)."""
     dqw = _alloc.empty(q_weight.shape, dtype=q_weight.dtype, device=q_weight.device)
     dkw = _alloc.empty(k_weight.shape, dtype=k_weight.dtype, device=k_weight.device)
     cols = max(qpart.shape[1], kpart.shape[1])
+    pdl = _pdl(qpart.device)
     with _triton.device_guard(qpart.device):
         K.weight_grad_kernel[(triton.cdiv(cols, WEIGHT_GRAD_BLOCK_COLUMNS), 2)](
             qpart, kpart, dqw, dkw, qpart.shape[0], kpart.shape[0], qpart.shape[1],
             kpart.shape[1], BLOCK_R=WEIGHT_GRAD_BLOCK_ROWS, BLOCK_C=WEIGHT_GRAD_BLOCK_COLUMNS,
-            num_warps=WEIGHT_GRAD_WARPS)
+            PDL=pdl, launch_pdl=pdl, num_warps=WEIGHT_GRAD_WARPS)
     return dqw, dkw
 
 
@@ -727,7 +740,7 @@ def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_
                 # through TMA the count is a runtime argument: one build for any count
                 TOKENS_PER_PROGRAM=1 if descs is not None else tpp,
                 WHOLE_TOKEN=whole_token, TMA=descs is not None, QK_TOGETHER=together,
-                STAGES=stages, num_warps=warps, **kw)
+                STAGES=stages, PDL=_pdl(q.device), num_warps=warps, **kw)
     return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight)
 
 
