@@ -257,15 +257,16 @@ def test_cuda_graph_capture_backward():
         assert torch.equal(a, b), name
 
 
-@pytest.mark.parametrize("norm", ["head", "token"])
-def test_weight_gradient_reduction_by_dependent_launch(monkeypatch, norm):
+@pytest.mark.parametrize("norm,style", [("head", "rotate_half"), ("token", "interleaved")])
+def test_weight_gradient_reduction_by_dependent_launch(monkeypatch, norm, style):
     """On sm_90 and up the reduction follows the backward by programmatic dependent launch; it
     waits for the backward's partial rows (which the poisoned allocator starts as NaN): the
     gradients are the oracle's, and bitwise those of the plain launch. Qwen3-8B's heads at 4k
-    tokens, where the backward runs about 50 us while the reduction is resident."""
+    tokens, where the backward runs about 50 us while the reduction is resident (OLMo2's norm
+    interleaved: plain loads, where it launches so; through TMA it does not)."""
     device = torch.device("cuda", torch.cuda.current_device())
     assert qknorm._pdl(device) == (torch.cuda.get_device_capability(device)[0] >= 9)
-    c = Case(b=1, s=4096, hq=32, hk=8, d=128, dtype="bf16", norm=norm)
+    c = Case(b=1, s=4096, hq=32, hk=8, d=128, dtype="bf16", norm=norm, style=style)
     dependent = check_backward(c)
     monkeypatch.setattr(qknorm, "WEIGHT_GRAD_PDL", False)
     plain = check_backward(c)

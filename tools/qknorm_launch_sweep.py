@@ -24,8 +24,8 @@ of heads), ``TOKEN_BWD_ELEMENTS_PER_WARP``, the tokens a program (``LONG_RUN_TOK
 through TMA descriptors: ``TOKEN_BWD_TMA`` (0: plain loads, the token-backward settings),
 ``TOKEN_BWD_TMA_ELEMENTS_PER_WARP``, ``TOKEN_BWD_TMA_TOKENS`` (the most tokens a program),
 ``TOKEN_BWD_TMA_STAGES``, ``TOKEN_BWD_TMA_PROGRAMS_PER_SM``, ``TOKEN_BWD_TMA_QK_TOGETHER`` (a
-token's q and k in one program) and ``WEIGHT_GRAD_PDL``. The token directions have no torch.compile
-row. A results data file with ``--json``:
+token's q and k in one program) and ``TOKEN_BWD_TMA_PDL``. The token directions have no
+torch.compile row. A results data file with ``--json``:
 
     python -m tools.qknorm_launch_sweep [--direction forward|backward|token-forward|token-backward
                                           |token-backward-tma]
@@ -83,13 +83,13 @@ def token_forward_settings() -> list[tuple[int, int]]:
 
 def token_backward_tma_settings() -> list[tuple[int, int, int, int, int, int, int]]:
     """(TMA, elements a warp, most tokens a program, stages, programs an SM, q and k together,
-    reduction by dependent launch):
+    reduction by dependent launch through TMA):
     plain loads (0), and TMA on 4 or 8 warps (32 heads of 128), at most 32 to 512 tokens a
     program, 2 to 4 stages, q and k apart on 2 programs an SM (a q and a k); 4 warps, 3 stages, 4
     or 8 programs an SM apart; and q and k together, 2 to 4 programs an SM."""
-    return [(0, 1024, 32, 3, 2, 0, 1)] + [(1, e, t, s, 2, 0, 1) for e, t, s in itertools.product(
-        (512, 1024), (32, 128, 512), (2, 3, 4))] + [(1, 1024, 512, 3, p, 0, 1) for p in (4, 8)] + [
-        (1, 1024, 512, 3, p, 1, 1) for p in (2, 3, 4)]
+    return [(0, 1024, 32, 3, 2, 0, 0)] + [(1, e, t, s, 2, 0, 0) for e, t, s in itertools.product(
+        (512, 1024), (32, 128, 512), (2, 3, 4))] + [(1, 1024, 512, 3, p, 0, 0) for p in (4, 8)] + [
+        (1, 1024, 512, 3, p, 1, 0) for p in (2, 3, 4)]
 
 
 _TOKEN_CONSTANTS = {
@@ -99,7 +99,7 @@ _TOKEN_CONSTANTS = {
     "token-backward-tma": ("TOKEN_BWD_TMA", "TOKEN_BWD_TMA_ELEMENTS_PER_WARP",
                            "TOKEN_BWD_TMA_TOKENS", "TOKEN_BWD_TMA_STAGES",
                            "TOKEN_BWD_TMA_PROGRAMS_PER_SM", "TOKEN_BWD_TMA_QK_TOGETHER",
-                           "WEIGHT_GRAD_PDL")}
+                           "TOKEN_BWD_TMA_PDL")}
 
 
 @contextlib.contextmanager
@@ -152,7 +152,7 @@ def default_setting(direction: str) -> tuple[int, ...]:
     device = torch.device("cuda", torch.cuda.current_device())
     if direction in _TOKEN_CONSTANTS:
         return tuple(qknorm.launch_constant(name, device) if name in qknorm.DEVICE_TUNED
-                     else int(getattr(qknorm, name)) if name == "WEIGHT_GRAD_PDL"
+                     else int(getattr(qknorm, name)) if name.endswith("_PDL")
                      else getattr(qknorm, name) for name in _TOKEN_CONSTANTS[direction])
     if direction == "forward":
         return (qknorm.launch_constant("HEAD_FWD_BLOCK_ELEMENTS", device),

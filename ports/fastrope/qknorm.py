@@ -270,8 +270,14 @@ WEIGHT_GRAD_WARPS = 4
 # The reduction's launch follows the backward's by programmatic dependent launch where the GPU has
 # it (sm_90 and up): the backward's programs let it launch once they have all started, and its
 # programs wait for the backward's grid to end before they read the partial rows. Its launch and
-# set-up then overlap the backward's last tokens instead of following them.
+# set-up then overlap the backward's last tokens instead of following them. H100, bf16, Qwen3-8B's
+# heads, the per-head backward (tools/qknorm_launch_sweep.py, one run, 5ba3101): 64 decode tokens
+# 4.0 us against 4.8, 4k, 4 x 4k and 32k tokens 48.8, 183.4 and 366.9 against 49.2, 185.0 and
+# 368.1; OLMo2's norm at 64 decode tokens (plain loads) 4.8 against 5.5.
 WEIGHT_GRAD_PDL = True
+# OLMo2's TMA backward keeps the plain launch: there the dependent launch took 1.0-1.4 us longer
+# at 4k, 4 x 4k and 32k tokens in each of three runs (H100, 5ba3101: 58.2 against 57.1 us at 4k).
+TOKEN_BWD_TMA_PDL = False
 
 
 @dataclass(frozen=True)
@@ -695,17 +701,17 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
                 STAGES=(BACKWARD_STAGES if triton.next_power_of_2(g.head_dim)
                         <= PIPELINED_MAX_HEAD_DIM else 1),
                 PDL=_pdl(q.device), num_warps=BACKWARD_WARPS, **kw)
-    return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight)
+    return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight, _pdl(q.device))
 
 
-def weight_grads(qpart: Tensor, kpart: Tensor, q_weight: Tensor,
-                 k_weight: Tensor) -> tuple[Tensor, Tensor]:
+def weight_grads(qpart: Tensor, kpart: Tensor, q_weight: Tensor, k_weight: Tensor,
+                 pdl: bool = False) -> tuple[Tensor, Tensor]:
     """(dq_weight, dk_weight): the fp32 partial rows' column sums in a fixed order, in the
-    weights' dtypes, in one launch (the backward's programmatic dependent where ``_pdl``)."""
+    weights' dtypes, in one launch; ``pdl``: launched as the programmatic dependent of the
+    backward launched with ``PDL`` just before it."""
     dqw = _alloc.empty(q_weight.shape, dtype=q_weight.dtype, device=q_weight.device)
     dkw = _alloc.empty(k_weight.shape, dtype=k_weight.dtype, device=k_weight.device)
     cols = max(qpart.shape[1], kpart.shape[1])
-    pdl = _pdl(qpart.device)
     with _triton.device_guard(qpart.device):
         K.weight_grad_kernel[(triton.cdiv(cols, WEIGHT_GRAD_BLOCK_COLUMNS), 2)](
             qpart, kpart, dqw, dkw, qpart.shape[0], kpart.shape[0], qpart.shape[1],
@@ -724,6 +730,7 @@ def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_
     only): a token's q and k in one program."""
     qpart = _alloc.empty((groups, g.q_heads * g.head_dim), dtype=torch.float32, device=q.device)
     kpart = _alloc.empty((groups, g.k_heads * g.head_dim), dtype=torch.float32, device=q.device)
+    pdl = _pdl(q.device) and (descs is None or TOKEN_BWD_TMA_PDL)
     if descs is not None:
         descs += _partial_descriptors(g, (qpart, kpart), (bq, bk))
     if g.tokens and g.q_heads + g.k_heads:
@@ -740,8 +747,8 @@ def _backward_token_norm(g: Geometry, dq_out, dk_out, dq, dk, q, k, q_weight, k_
                 # through TMA the count is a runtime argument: one build for any count
                 TOKENS_PER_PROGRAM=1 if descs is not None else tpp,
                 WHOLE_TOKEN=whole_token, TMA=descs is not None, QK_TOGETHER=together,
-                STAGES=stages, PDL=_pdl(q.device), num_warps=warps, **kw)
-    return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight)
+                STAGES=stages, PDL=pdl, num_warps=warps, **kw)
+    return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight, pdl)
 
 
 # ---- custom ops ----------------------------------------------------------------------------------
