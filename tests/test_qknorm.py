@@ -487,12 +487,33 @@ def test_token_forward_warps_hold_q_and_k(monkeypatch):
     outs = [qk_norm_rope(x, inp["k"], inp["qw"], inp["kw"], EPS, **inp["kwargs"])
             for x in (inp["q"], strided)]
     per_warp = qknr.launch_constant("TOKEN_FWD_ELEMENTS_PER_WARP", strided.device)
+    if c.b * c.s < qknr._sms(strided.device):  # 10 tokens: fewer than a GPU's SMs
+        per_warp = min(per_warp, qknr.TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP)
     most = qknr.TOKEN_FWD_MOST_ELEMENTS_A_THREAD[strided.element_size(),
                                                  inp["qw"].element_size()]
     assert seen == [(per_warp, most),
                     (per_warp // 2, qknr.TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD)]
     for a, b in zip(*outs):  # the same answer, up to the sums' order
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("tokens,sms,per_warp", [(10, 132, 1024), (132, 132, 4096),
+                                                 (10, 8, 4096)])
+def test_token_forward_few_tokens_take_more_warps(monkeypatch, tokens, sms, per_warp):
+    """Fewer tokens than SMs (decode): the launcher takes at most
+    TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP elements a warp, whatever the table's; otherwise the
+    table's (4096 here, the H200's), and the answer is the oracle's either way."""
+    seen, blocks = [], qknr._token_blocks
+
+    def recorded(*args, **kwargs):
+        seen.append(args[4])
+        return blocks(*args, **kwargs)
+
+    monkeypatch.setattr(qknr, "_token_blocks", recorded)
+    monkeypatch.setattr(qknr, "_sms", lambda device: sms)
+    monkeypatch.setitem(qknr.FORCED, "TOKEN_FWD_ELEMENTS_PER_WARP", 4096)
+    check_forward(Case(b=1, s=tokens, hq=8, hk=2, d=64, dtype="bf16", norm="token"))
+    assert set(seen) == {per_warp}
 
 
 BACKWARD_PASSES = ["whole tokens, TMA", "whole tokens, TMA, q and k together", "whole tokens",
@@ -764,8 +785,8 @@ from ports.fastrope import qknorm as Q, qknorm_kernels as K, tuning
 
 POINTERS = {"q_ptr", "k_ptr", "qo_ptr", "ko_ptr", "gq_ptr", "gk_ptr", "dq_ptr", "dk_ptr"}
 
-def token_forward_per_warp():  # TOKEN_FWD_ELEMENTS_PER_WARP: the module's, each table's
-    return sorted({Q.TOKEN_FWD_ELEMENTS_PER_WARP}
+def token_forward_per_warp():  # elements a warp: the module's, few tokens', each table's
+    return sorted({Q.TOKEN_FWD_ELEMENTS_PER_WARP, Q.TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP}
                   | tuning.qknorm_values("TOKEN_FWD_ELEMENTS_PER_WARP"))
 
 def token_forward_warps(together, per_warp):
@@ -918,9 +939,9 @@ def test_kernels_compile_for_sm90_without_spills():
                        cwd=root, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     # 57 builds, and 12 more (3 dtypes, 2 builds, together and apart) for each further value of
-    # the token forward's elements a warp that a shipped table sets
+    # the token forward's elements a warp: few tokens', and each a shipped table sets
     from ports.fastrope import tuning
 
-    values = {qknr.TOKEN_FWD_ELEMENTS_PER_WARP} | tuning.qknorm_values(
-        "TOKEN_FWD_ELEMENTS_PER_WARP")
+    values = {qknr.TOKEN_FWD_ELEMENTS_PER_WARP, qknr.TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP} \
+        | tuning.qknorm_values("TOKEN_FWD_ELEMENTS_PER_WARP")
     assert r.stdout.count("compiled") == 57 + 12 * (len(values) - 1)

@@ -154,6 +154,13 @@ TOKEN_FWD_ELEMENTS_PER_WARP = 2048
 # 32 + 16 heads of 128 on one warp.
 TOKEN_FWD_MOST_ELEMENTS_A_THREAD = {(2, 2): 160, (2, 4): 128, (4, 2): 96, (4, 4): 96}
 TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD = 48
+# At most this many elements a warp where there are fewer tokens than SMs (decode): the grid then
+# leaves SMs idle, and a token's work on more warps ends sooner. H100, Qwen3-8B's heads, bf16, q
+# and k together (tools/qknorm_launch_sweep.py, dba9ee4), 1 / 64 tokens out of place: 1024 1.9 /
+# 2.1 us, 512 2.0 / 2.2, 2048 2.1 / 2.3, 4096 2.8 / 3.0; at 1k tokens (7.8 an SM) 4096 was the
+# fastest (6.2 us, 2048 6.8, 1024 7.6). The H200's qknorm suite took 2.9 us at 64 tokens on its
+# table's 4096 (5c2438a) against 2.2 on 2048 (6d5d1ba).
+TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP = 1024
 TOKEN_FWD_BLOCK_ELEMENTS = 2048
 # The backward holds x, dy, the weight and the partial sums: a quarter of the forward's block
 # (at 1024 an fp32 head of 96 channels, padded to 128, spilled registers on sm_90). This is the
@@ -576,10 +583,13 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
             and q_weight.stride(0) == 1 and k_weight.stride(0) == 1
         together = bool(launch_constant("TOKEN_FWD_QK_TOGETHER", q.device))
         shrink = 1 if contiguous else 2
+        per_warp = launch_constant("TOKEN_FWD_ELEMENTS_PER_WARP", q.device)
+        if g.tokens < _sms(q.device):
+            per_warp = min(per_warp, TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP)
         bq, bk, whole_token, warps = _token_blocks(
             g, TOKEN_FWD_BLOCK_ELEMENTS, TOKEN_FWD_WARPS,
             0 if g.table == K.TABLE_COMPUTED else TOKEN_FWD_WHOLE_ELEMENTS,
-            launch_constant("TOKEN_FWD_ELEMENTS_PER_WARP", q.device) // shrink, 1,
+            per_warp // shrink, 1,
             both_tensors=together,
             most_per_thread=TOKEN_FWD_MOST_ELEMENTS_A_THREAD[
                 q.element_size(), max(q_weight.element_size(), k_weight.element_size())]
