@@ -282,8 +282,9 @@ WEIGHT_GRAD_WARPS = 4
 # 4.0 us against 4.8, 4k, 4 x 4k and 32k tokens 48.8, 183.4 and 366.9 against 49.2, 185.0 and
 # 368.1; OLMo2's norm at 64 decode tokens (plain loads) 4.8 against 5.5.
 WEIGHT_GRAD_PDL = True
-# OLMo2's TMA backward keeps the plain launch: there the dependent launch took 1.0-1.4 us longer
-# at 4k, 4 x 4k and 32k tokens in each of three runs (H100, 5ba3101: 58.2 against 57.1 us at 4k).
+# OLMo2's TMA backward keeps the plain launch: there the dependent launch took 0.6-1.8 us longer
+# at 4k, 4 x 4k and 32k tokens in each of three runs on the H100 (5ba3101: 58.2 against 57.1 us
+# at 4k) and 1.4-1.8 us on the H200 (5c2438a).
 TOKEN_BWD_TMA_PDL = False
 
 
