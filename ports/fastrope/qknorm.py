@@ -697,6 +697,7 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
     groups = triton.cdiv(g.tokens, tpp)
     qpart = _alloc.empty((groups * qb, g.head_dim), dtype=torch.float32, device=q.device)
     kpart = _alloc.empty((groups * kb, g.head_dim), dtype=torch.float32, device=q.device)
+    pdl = _pdl(q.device)
     if g.tokens and qb + kb:
         if qb + kb > _triton.MAX_GRID_Y:
             raise ValueError(f"{qb + kb} head blocks exceed the grid's y limit")
@@ -711,8 +712,8 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
                 BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma,
                 STAGES=(BACKWARD_STAGES if triton.next_power_of_2(g.head_dim)
                         <= PIPELINED_MAX_HEAD_DIM else 1),
-                PDL=_pdl(q.device), num_warps=BACKWARD_WARPS, **kw)
-    return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight, _pdl(q.device))
+                PDL=pdl, num_warps=BACKWARD_WARPS, **kw)
+    return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight, pdl)
 
 
 def weight_grads(qpart: Tensor, kpart: Tensor, q_weight: Tensor, k_weight: Tensor,
