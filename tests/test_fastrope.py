@@ -1054,6 +1054,18 @@ def test_experiment_variants_are_build_options():
         experiment.Variant(min_blocks=0)
 
 
+def test_experiment_variant_source_is_a_rope_cu():
+    """A variant's source is another rope.cu's text: one without the two kernels is refused
+    before anything compiles, and the text stays out of the variant's repr."""
+    from ports.fastrope import experiment
+
+    for bad in ("", 'extern "C" __global__ void k() {}', b"rope_rows( rope_step("):
+        with pytest.raises(ValueError, match="rope_rows and rope_step"):
+            experiment.Variant(source=bad)
+    v = experiment.Variant(source=kernel.MODULE.source)
+    assert v != experiment.DESIGN and "source" not in repr(v)
+
+
 def test_experiment_plans_fix_the_shape(recorded_launches):
     """experiment.plans gives the plans of a call; unroll and head splits fix the main kernel's
     shape, the rest from the plan's arithmetic."""
@@ -1079,11 +1091,13 @@ def test_design_names_every_rule_and_its_measurement():
 
 
 @pytest.mark.parametrize("variant", [
-    dict(traffic_only=True), dict(plain_loads=True, plain_stores=True), dict(min_blocks=2)],
-    ids=["traffic_only", "plain", "min_blocks"])
+    dict(traffic_only=True), dict(plain_loads=True, plain_stores=True), dict(min_blocks=2),
+    dict(source=kernel.MODULE.source.replace("rope_step(", "rope_step(  "))],
+    ids=["traffic_only", "plain", "min_blocks", "source"])
 def test_experiment_variants_compile_for_sm90(variant):
-    """Each build option compiles rope.cu's instantiations (both kernels, both styles, both
-    angle sources) for sm_90 (NVRTC through CuPy; skipped where it cannot be loaded)."""
+    """Each build option, and another source (here rope.cu respaced), compiles rope.cu's
+    instantiations (both kernels, both styles, both angle sources) for sm_90 (NVRTC through
+    CuPy; skipped where it cannot be loaded)."""
     from ports import _cupy
     from ports.fastrope import experiment
 
@@ -1094,10 +1108,10 @@ def test_experiment_variants_compile_for_sm90(variant):
         pytest.skip(f"NVRTC cannot compile here: {e}")
     names = [n for n in kernel.COMPILE_CHECKED if "__nv_bfloat16" in n][:6]
     names += [n for n in kernel.COMPILE_CHECKED if n.startswith("rope_step<")][:2]
+    built = experiment.Variant(**variant)
     ptx, lowered = _cupy.compile_source(
-        kernel.MODULE.source, filename=kernel.FILENAME,
-        options=experiment.Variant(**variant).options, name_expressions=names, arch="sm_90",
-        method="ptx")
+        built.source or kernel.MODULE.source, filename=kernel.FILENAME, options=built.options,
+        name_expressions=names, arch="sm_90", method="ptx")
     text = ptx.decode() if isinstance(ptx, bytes) else ptx
     assert all(f".entry {lowered[n]}" in text for n in names)
 

@@ -8,7 +8,10 @@ the package's private names:
   design is built with none): plain data loads and/or stores where the plan streams them, the
   *minimal kernel* (``traffic_only``: the rotation replaced by a copy that keeps every load,
   table elements included, live: a row's memory traffic alone) and a ``__launch_bounds__``
-  minimum of resident blocks for the main kernel.
+  minimum of resident blocks for the main kernel; or another version of rope.cu (``source``:
+  its text, for an A/B of a kernel change in one process, as ``tools/source_ab_probe.py`` runs
+  it). Another source must keep the kernels' names, template arguments and parameter layouts,
+  as the plans and the launcher use them.
 * :func:`apply_rope`: ``ports.fastrope.apply_rope`` (or ``apply_rope_inplace`` with
   ``in_place=True``) run with a variant's kernels, planned by the design or a named ablation
   (ablation.ABLATIONS), optionally with the main kernel's heads per step (``unroll``) or head
@@ -26,7 +29,7 @@ Example: the minimal kernel of a decode step::
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ports import _cupy
 from ports.fastrope import ablation as ablations
@@ -44,12 +47,18 @@ class Variant:
     plain_stores: bool = False   # plain data stores where the plan streams them
     traffic_only: bool = False   # no rotation: every chunk stored as loaded
     min_blocks: int | None = None  # the main kernel's __launch_bounds__ minimum blocks
+    source: str | None = field(default=None, repr=False)  # rope.cu's text (None: the package's)
 
     def __post_init__(self):
         if self.min_blocks is not None and (not isinstance(self.min_blocks, int)
                                             or not 1 <= self.min_blocks <= 8):
             raise ValueError(f"min_blocks must be None or 1..8 (blocks of 256 threads per SM), "
                              f"got {self.min_blocks!r}")
+        if self.source is not None and (not isinstance(self.source, str)
+                                        or not all(f" {k}(" in self.source
+                                                   for k in ("rope_rows", "rope_step"))):
+            raise ValueError("source must be None or the text of a rope.cu that defines "
+                             "rope_rows and rope_step")
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -67,8 +76,8 @@ DESIGN = Variant()
 
 def function_ptr(variant: Variant, device_index: int, name: str) -> int:
     """One instantiation of rope.cu built as ``variant`` for the device (compiled once)."""
-    module = _cupy.load(device_index, kernel.MODULE.source, kernel.FILENAME, variant.options,
-                        (name,))
+    module = _cupy.load(device_index, variant.source or kernel.MODULE.source, kernel.FILENAME,
+                        variant.options, (name,))
     return module[name].ptr
 
 

@@ -123,6 +123,17 @@ template <> __device__ __forceinline__ float to_float<__half>(__half v) { return
 template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
   return __bfloat162float(v);
 }
+// Element i of a chunk's 32-bit words, as a float. A bf16 is the high half of its fp32: one shift
+// (even elements) or mask (odd elements) of the word that holds it, where the conversion of a
+// word's high element compiles to two instructions (sm_90, CUDA 13.0).
+template <typename T> __device__ __forceinline__ float word_element(const unsigned int* w, int i) {
+  return to_float(reinterpret_cast<const T*>(w)[i]);
+}
+template <>
+__device__ __forceinline__ float word_element<__nv_bfloat16>(const unsigned int* w, int i) {
+  return __uint_as_float(i % 2 ? w[i / 2] & 0xffff0000u : w[i / 2] << 16);
+}
+
 template <typename T> __device__ __forceinline__ T from_float(float v);
 template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
@@ -177,7 +188,8 @@ template <typename T, int V> struct Chunk {
   static constexpr int WORDS = V * (int)sizeof(T) / BYTES;
   W w[WORDS];
   __device__ __forceinline__ float get(int i) const {
-    return to_float(reinterpret_cast<const T*>(w)[i]);
+    if constexpr (BYTES >= 4) return word_element<T>(reinterpret_cast<const unsigned int*>(w), i);
+    else return to_float(reinterpret_cast<const T*>(w)[i]);
   }
   __device__ __forceinline__ void set(int i, float v) { reinterpret_cast<T*>(w)[i] = from_float<T>(v); }
   // Elements i..i+P-1 (P = PACK, i a multiple of it), each rounded once: 16-bit types convert
@@ -575,6 +587,15 @@ __global__ void __launch_bounds__(256, ROWS_LAUNCH_MIN_BLOCKS(UNROLL, COMPUTED, 
   }
 }
 
+// The step kernel's minimum resident blocks (0: none). Rotate-half 16-bit data with fp32 tables
+// (V = 8: a thread's cos and sin are two 16-byte loads each) asks for 1, which frees ptxas to
+// give a thread 48 registers and issue its four table loads together. At its own target of 32
+// registers it issued the second pair after rotating with the first: one more memory round trip
+// after the position's (sm_90, CUDA 13.0). The other instantiations issue their table loads
+// together at 32 registers or fewer. DESIGN.md ("The step kernel") has the measurement.
+#define STEP_MIN_BLOCKS(T, TT, INTERLEAVED, HEADS) \
+  (sizeof(TT) > sizeof(T) && !(INTERLEAVED) && (HEADS) == 1 ? 1 : 0)
+
 // The step kernel, for small and mid-sized problems (a decode step: a few tokens, all heads of
 // q and k; a prefill whose data is about the L2's size): one thread per (token, chunk) and
 // HEADS heads of it (1 in the design), no loop, so every thread's loads are in flight at once
@@ -592,7 +613,8 @@ __global__ void __launch_bounds__(256, ROWS_LAUNCH_MIN_BLOCKS(UNROLL, COMPUTED, 
 // last head; none of these is stored. The problem's switches are compile-time constants
 // (StepArgs): no branch on them either, and fewer registers.
 template <typename T, typename TT, int V, bool INTERLEAVED, int FLAGS, int HEADS, int SWITCHES>
-__global__ void __launch_bounds__(256) rope_step(const StepArgs<SWITCHES> p) {
+__global__ void __launch_bounds__(256, STEP_MIN_BLOCKS(T, TT, INTERLEAVED, HEADS))
+    rope_step(const StepArgs<SWITCHES> p) {
   constexpr bool STREAM = !(FLAGS & PLAIN_ACCESSES);
   constexpr bool SPLIT = !INTERLEAVED && !(FLAGS & PAIR_PER_THREAD);
   const int hq = p.heads[0], htot = hq + p.heads[1], lanes = blockDim.y;
