@@ -1,4 +1,4 @@
-"""What the fastrope probes under tools/ share (GPU only): their inputs.
+"""What the probes under tools/ share (GPU only): inputs, and the results data file they write.
 
 Not a tool itself; the tools import it (run them from the repository root with ``python -m``).
 Kernel variants and fixed plans come from the package's experiment interface,
@@ -6,9 +6,15 @@ Kernel variants and fixed plans come from the package's experiment interface,
 """
 from __future__ import annotations
 
+import json
+import shlex
+import sys
+
 import torch
 
-__all__ = ["decode_inputs", "make"]
+from ports.harness.env import driver_version, metadata
+
+__all__ = ["decode_inputs", "make", "write_data_file"]
 
 
 def make(layout, shape, dtype):
@@ -30,3 +36,20 @@ def decode_inputs(b=64):
     offs = torch.randint(0, 4095, (b,), device="cuda")
     return x, cos, sin, offs, cos[offs][:, None, :], sin[offs][:, None, :]
 
+
+def write_data_file(path: str, *, tool: str, argv, section: str, context: str,
+                    commit: str | None, columns: list[str], rows: list[list[str]]) -> None:
+    """A results data file (tools/results_tables.py's format) for one run of ``python -m
+    tool`` with ``argv`` (None: this process's arguments): the table, its provenance from this
+    machine, and ``commit`` (None: the checkout's git)."""
+    meta = metadata()
+    data = {
+        "document": "results/README.md", "section": section, "context": context,
+        "command": [shlex.join(["python", "-m", tool, *(sys.argv[1:] if argv is None else argv)])],
+        "commit": commit or meta["git_sha"], "gpu": meta["gpu"], "driver": driver_version(),
+        "versions": {k: meta[k] for k in ("torch", "triton", "cupy")},
+        "date": meta["timestamp"][:10], "columns": columns, "rows": rows,
+    }
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+        f.write("\n")

@@ -36,17 +36,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
-import shlex
-import sys
 
 import torch
 
 from ports.fastrope import qknorm
 from ports.harness import qknorm_bench as bench
-from ports.harness.env import driver_version, metadata
 from ports.harness.qknorm_tune import check_same_answer
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
+from tools._probe_kit import write_data_file
 
 SHAPES = ["decode 64 tokens", "qwen3-8b prefill 4k", "qwen3-8b train 4x4k",
           "qwen3-8b prefill 32k"]
@@ -283,23 +280,12 @@ def main(argv=None) -> int:
             "" if compiled is None else f", torch.compile of the unfused pair {compiled:.1f} us"))
         print("\n".join(" | ".join(r) for r in shape_rows), f"\n{notes[-1]}", flush=True)
     if args.json:
-        meta = metadata()
-        data = {
-            "document": "results/README.md",
-            "section": f"qk_norm_rope's {args.direction} launch settings",
-            "context": (" ".join(__doc__.split("\n\n")[1].split()) + f" The {args.direction}'s "
-                        f"setting on this GPU at the time: {default}. " + "; ".join(notes)
-                        + "."),
-            "command": [shlex.join(["python", "-m", "tools.qknorm_launch_sweep",
-                                    *(sys.argv[1:] if argv is None else argv)])],
-            "commit": args.commit or meta["git_sha"], "gpu": meta["gpu"],
-            "driver": driver_version(),
-            "versions": {k: meta[k] for k in ("torch", "triton", "cupy")},
-            "date": meta["timestamp"][:10], "columns": COLUMNS[args.direction], "rows": rows,
-        }
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
+        write_data_file(
+            args.json, tool="tools.qknorm_launch_sweep", argv=argv,
+            section=f"qk_norm_rope's {args.direction} launch settings",
+            context=(" ".join(__doc__.split("\n\n")[1].split()) + f" The {args.direction}'s "
+                     f"setting on this GPU at the time: {default}. " + "; ".join(notes) + "."),
+            commit=args.commit, columns=COLUMNS[args.direction], rows=rows)
     return 0
 
 

@@ -19,17 +19,14 @@ again on every replay.
 from __future__ import annotations
 
 import argparse
-import json
-import shlex
-import sys
 
 import torch
 
 from ports.fastrope import experiment
-from ports.harness.env import driver_version, metadata
 from ports.harness.suites import SUITES, get_suite
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from reference.case import make_inputs
+from tools._probe_kit import write_data_file
 from tools.minimal_kernel_probe import _arguments
 
 COLUMNS = ["case", "mode", "before us", "after us", "after / before", "same-size copy us"]
@@ -107,21 +104,10 @@ def main(argv=None) -> int:
             del inputs
             torch.cuda.empty_cache()
     if args.json:
-        meta = metadata()
-        data = {
-            "document": "results/README.md",
-            "section": "fastrope's rows from two versions of rope.cu",
-            "context": " ".join(__doc__.split("\n\n")[1].split()),
-            "command": [shlex.join(["python", "-m", "tools.source_ab_probe",
-                                    *(sys.argv[1:] if argv is None else argv)])],
-            "commit": args.commit or meta["git_sha"], "gpu": meta["gpu"],
-            "driver": driver_version(),
-            "versions": {k: meta[k] for k in ("torch", "triton", "cupy")},
-            "date": meta["timestamp"][:10], "columns": COLUMNS, "rows": rows,
-        }
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
+        write_data_file(args.json, tool="tools.source_ab_probe", argv=argv,
+                        section="fastrope's rows from two versions of rope.cu",
+                        context=" ".join(__doc__.split("\n\n")[1].split()), commit=args.commit,
+                        columns=COLUMNS, rows=rows)
     return 0
 
 

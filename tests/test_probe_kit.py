@@ -1,0 +1,32 @@
+"""The probes' results data file (tools/_probe_kit.py) is one tools/results_tables.py renders,
+with the run's command, commit and machine; the A/B probe refuses a --before that is not a
+rope.cu before it needs a GPU."""
+import json
+
+import pytest
+
+from tools import _probe_kit, results_tables, source_ab_probe
+
+
+def test_write_data_file_is_a_results_table(tmp_path):
+    path = tmp_path / "run.json"
+    _probe_kit.write_data_file(str(path), tool="tools.source_ab_probe",
+                               argv=["--before", "b.cu", "--json", "run.json"], section="s",
+                               context="c", commit="abc1234", columns=["case", "us"],
+                               rows=[["x", "1.00"]])
+    data = json.loads(path.read_text())
+    assert data["command"] == ["python -m tools.source_ab_probe --before b.cu --json run.json"]
+    assert data["commit"] == "abc1234" and data["gpu"] and data["date"]
+    assert set(data["versions"]) == {"torch", "triton", "cupy"}
+    table = results_tables.render("run", {"run": data})
+    assert "| case | us |" in table and "| x | 1.00 |" in table
+
+
+def test_source_ab_probe_refuses_a_file_that_is_not_rope_cu(tmp_path, capsys):
+    bad = tmp_path / "k.cu"
+    bad.write_text('extern "C" __global__ void k() {}')
+    for args in (["--before", str(bad)], ["--before", str(tmp_path / "missing.cu")]):
+        with pytest.raises(SystemExit) as e:
+            source_ab_probe.main(args)
+        assert e.value.code == 2
+        assert "--before" in capsys.readouterr().err
