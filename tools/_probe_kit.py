@@ -13,8 +13,9 @@ import sys
 import torch
 
 from ports.harness.env import driver_version, metadata
+from reference.tables import first_members
 
-__all__ = ["decode_inputs", "make", "write_data_file"]
+__all__ = ["decode_inputs", "make", "registry_arguments", "write_data_file"]
 
 
 def make(layout, shape, dtype):
@@ -35,6 +36,20 @@ def decode_inputs(b=64):
     _, cos, sin = make("bshd", (1, 4096, 1, 128), torch.bfloat16)
     offs = torch.randint(0, 4095, (b,), device="cuda")
     return x, cos, sin, offs, cos[offs][:, None, :], sin[offs][:, None, :]
+
+
+def registry_arguments(case, inputs) -> dict:
+    """fastrope's arguments as the registry rows pass them (fastrope/canonical.py) for a case of
+    the suites: half-width tables (their tables are symmetric), the case's positions, no position
+    check."""
+    kw = dict(style=case.style, layout=case.layout, rotary_dim=case.rot_dim,
+              check_positions=False, cos=first_members(inputs.cos, case.style).contiguous(),
+              sin=first_members(inputs.sin, case.style).contiguous())
+    if case.positions == "offset":
+        kw.update(offsets=inputs.offsets)
+    elif case.positions == "ids":
+        kw.update(positions=inputs.positions)
+    return kw
 
 
 def write_data_file(path: str, *, tool: str, argv, section: str, context: str,

@@ -26,7 +26,7 @@ from ports.fastrope import experiment
 from ports.harness.suites import get_suite
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from reference.case import make_inputs
-from reference.tables import first_members
+from tools._probe_kit import registry_arguments
 
 FASTROPE = ("fastrope.rope", "fastrope.rope_inplace")
 PEERS = ("liger.rope", "flash_attn.apply_rotary", "flash_attn.apply_rotary_inplace")
@@ -43,23 +43,10 @@ def _rows(case, inputs, names):
     return calls
 
 
-def _arguments(case, inputs) -> dict:
-    """The registry rows' arguments (fastrope/canonical.py): half-width tables (these cases'
-    tables are symmetric), the case's positions, no position check."""
-    kw = dict(style=case.style, layout=case.layout, rotary_dim=case.rot_dim,
-              check_positions=False, cos=first_members(inputs.cos, case.style).contiguous(),
-              sin=first_members(inputs.sin, case.style).contiguous())
-    if case.positions == "offset":
-        kw.update(offsets=inputs.offsets)
-    elif case.positions == "ids":
-        kw.update(positions=inputs.positions)
-    return kw
-
-
 def _minimal_rows(case, inputs):
     """fastrope's rows built as the minimal kernel (same plans), each checked to copy its
     input."""
-    kw = _arguments(case, inputs)
+    kw = registry_arguments(case, inputs)
     buffers = [x.clone() for x in inputs.xs]
     calls = {
         "fastrope.rope": lambda: experiment.apply_rope(*inputs.xs, variant=MINIMAL, **kw),
@@ -79,7 +66,7 @@ def _copies(case, inputs) -> list[float | None]:
     same = copy_us(case.io_bytes() // 2, graph=True)
     if case.positions != "arange":
         return [same, None]
-    kw = _arguments(case, inputs)
+    kw = registry_arguments(case, inputs)
     tables = sum(t.numel() * t.element_size() for t in (kw["cos"], kw["sin"]))
     return [same, copy_us((case.io_bytes() + tables) // 2, graph=True)]
 

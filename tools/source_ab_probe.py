@@ -26,15 +26,14 @@ from ports.fastrope import experiment
 from ports.harness.suites import SUITES, get_suite
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from reference.case import make_inputs
-from tools._probe_kit import write_data_file
-from tools.minimal_kernel_probe import _arguments
+from tools._probe_kit import registry_arguments, write_data_file
 
 COLUMNS = ["case", "mode", "before us", "after us", "after / before", "same-size copy us"]
 
 
 def _rows(case, inputs, variants: dict, reps: int) -> dict:
     """Each variant's call in each mode, checked to give the first variant's outputs."""
-    kw = _arguments(case, inputs)
+    kw = registry_arguments(case, inputs)
     calls, expected = {}, {}
     for name, variant in variants.items():
         for mode in ("out of place", "in place"):
@@ -59,7 +58,7 @@ def _rows(case, inputs, variants: dict, reps: int) -> dict:
 
 
 def _step_kernel(case, inputs) -> bool:
-    kw = _arguments(case, inputs)
+    kw = registry_arguments(case, inputs)
     return all(p.step for p in experiment.plans(*[x.clone() for x in inputs.xs], **kw))
 
 
