@@ -13,7 +13,9 @@ of the backward's kernels, not the host time of autograd's engine. Every row
 gets the same q, k ``[b, s, h, d]``, weights and cos/sin values (seed 0); a row whose API takes
 another form gets it built outside the timed call, and the table's ``input`` column says which:
 
-* ``fastrope fused``: :func:`ports.fastrope.qknorm.qk_norm_rope` (forward, backward);
+* ``fastrope fused``: :func:`ports.fastrope.qknorm.qk_norm_rope` (forward, backward), with
+  the ``[L, R/2]`` tables its API takes for rotate-half (one angle per pair: the first half of
+  the full-width rows), the angles vLLM's cache holds; the other fastrope rows take them too;
 * ``vllm_port fused (fwd only)``: vLLM's ``fused_qk_norm_rope``
   (:mod:`ports.vllm_port.qknorm`), forward only as upstream, in place on a packed
   ``qkv [b*s, (hq + 2 hk) * d]`` (its API: v's heads ride along untouched) with its
@@ -30,7 +32,8 @@ another form gets it built outside the timed call, and the table's ``input`` col
   ``% copy`` counts q and k only); 1-D RoPE as its 3-D form with ``pph = ppw = 1``, angles
   computed in the kernel (``__sincosf``); outputs preallocated, only the kernel timed;
 * ``compiled unfused``: ``torch.compile(fullgraph=True)`` of transformers' norm then its
-  rotate-half RoPE (what a user gets today by compiling the model; forward, backward);
+  rotate-half RoPE (what a user gets today by compiling the model; forward, backward), on
+  transformers' full-width ``[L, R]`` rows, as ``hf eager``;
 * ``compiled unfused token-norm``: the same for OLMo2's norm over a token's heads, with the
   ``[heads * d]`` weights (the token-norm rows' compiled counterpart);
 * ``hf eager``: the same two steps in eager PyTorch;
@@ -101,6 +104,7 @@ SHAPES = [
 ]
 
 Q_K = "q, k [b, s, h, d]"
+HALF_TABLES = "; cos, sin [L, R/2]"  # fastrope's rows: one angle per pair
 PACKED = "packed qkv [b*s, (hq+2hk)*d], in place"
 PACKED_OUT = "packed qkv in; q, k, v out (v copied); norm over all heads"
 
@@ -177,11 +181,22 @@ class Row:
 def _rows(shape: Shape) -> list[Row]:
     from ports.fastrope import apply_rope
     from ports.fastrope.qknorm import qk_norm_rope
+    from reference.tables import first_members
 
     s, gemma = shape.s, shape.gemma
 
     def direct(fn):
         return lambda q, k, qw, kw, cos, sin: (lambda: fn(q, k, qw, kw, cos, sin))
+
+    def half_tables(fn):
+        """fastrope's rows: the ``[L, R/2]`` tables (made outside the timed call). A token's
+        full-width fp32 rows are 1 KB at d = 128, 5% of the 20 KB of q and k (32 + 8 heads, bf16)
+        its forward reads and writes; half-width rows are 2.5% (results/README.md, "the fused
+        QK-norm's bytes: the table rows")."""
+        def prepare(q, k, qw, kw, cos, sin):
+            hc, hs = (first_members(t, "rotate_half").contiguous() for t in (cos, sin))
+            return lambda: fn(q, k, qw, kw, hc, hs)
+        return prepare
 
     def fused(q, k, qw, kw, cos, sin):
         return qk_norm_rope(q, k, qw, kw, EPS, cos=cos, sin=sin, gemma=gemma)
@@ -258,19 +273,19 @@ def _rows(shape: Shape) -> list[Row]:
             return "no (1 + w) weight form"
         return None if dtype == torch.bfloat16 else "bf16 only"
 
-    return [Row("fastrope fused", Q_K, direct(fused)),
+    return [Row("fastrope fused", Q_K + HALF_TABLES, half_tables(fused)),
             Row("vllm_port fused (fwd only)", PACKED, vllm_prepare, backward=False,
                 refuses=vllm_refuses),
-            Row("fastrope fused token-norm", Q_K + ", norm over all heads", direct(fused_token),
-                norm="token"),
+            Row("fastrope fused token-norm", Q_K + ", norm over all heads" + HALF_TABLES,
+                half_tables(fused_token), norm="token"),
             Row("flashinfer_port token-norm (fwd only)", PACKED_OUT, flashinfer_prepare,
                 backward=False, refuses=flashinfer_refuses, norm="token"),
             Row("compiled unfused", Q_K, direct(compiled_unfused)),
             Row("compiled unfused token-norm", Q_K + ", norm over all heads",
                 direct(compiled_unfused_token), norm="token"),
             Row("hf eager", Q_K, direct(hf_eager)),
-            Row("rms_norm + fastrope", Q_K, direct(rms_norm_fastrope)),
-            Row("hf eager + fastrope", Q_K, direct(hf_fastrope))]
+            Row("rms_norm + fastrope", Q_K + HALF_TABLES, half_tables(rms_norm_fastrope)),
+            Row("hf eager + fastrope", Q_K + HALF_TABLES, half_tables(hf_fastrope))]
 
 
 def inputs(shape: Shape, dtype: torch.dtype, grad: bool, norm: str = "head"):
