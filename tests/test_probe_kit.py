@@ -1,11 +1,11 @@
 """The probes' results data file (tools/_probe_kit.py) is one tools/results_tables.py renders,
 with the run's command, commit and machine; the A/B probe refuses a --before that is not a
-rope.cu before it needs a GPU."""
+rope.cu, and the table-bytes probe an unknown shape, before they need a GPU."""
 import json
 
 import pytest
 
-from tools import _probe_kit, results_tables, source_ab_probe
+from tools import _probe_kit, qknorm_table_bytes_probe, results_tables, source_ab_probe
 
 
 def test_write_data_file_is_a_results_table(tmp_path):
@@ -30,3 +30,11 @@ def test_source_ab_probe_refuses_a_file_that_is_not_rope_cu(tmp_path, capsys):
             source_ab_probe.main(args)
         assert e.value.code == 2
         assert "--before" in capsys.readouterr().err
+
+
+def test_table_bytes_probe_refuses_an_unknown_shape(capsys):
+    with pytest.raises(SystemExit) as e:
+        qknorm_table_bytes_probe.main(["--shapes", "qwen3-8b prefill 5k"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "unknown shape qwen3-8b prefill 5k" in err and "qwen3-8b prefill 4k" in err
