@@ -789,23 +789,25 @@ def token_forward_per_warp():  # elements a warp: the module's, few tokens', eac
     return sorted({Q.TOKEN_FWD_ELEMENTS_PER_WARP, Q.TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP}
                   | tuning.qknorm_values("TOKEN_FWD_ELEMENTS_PER_WARP"))
 
-def token_forward_warps(together, per_warp):
-    # the launcher's rule for 32 + 8 heads of 128 and the fp32 weights the builds read:
-    # (item, aligned) -> warps; the build that knows nothing of its strides stands for strided
-    # channels (half the elements a warp)
+def token_forward_warps(together, per_warp, weights_as_rows=False):
+    # the launcher's rule for 32 + 8 heads of 128 and the weights the builds read (fp32, or the
+    # rows' dtype): (item, aligned) -> warps; the build that knows nothing of its strides stands
+    # for strided channels (half the elements a warp)
     from types import SimpleNamespace
     g = SimpleNamespace(q_heads=32, k_heads=8, head_dim=128)
-    def warps(item, aligned):
+    def warps(item, aligned, interleaved_tail):
         shrink = 1 if aligned else 2
+        most = Q.token_forward_most_a_thread(item, item if weights_as_rows else 4,
+                                             contiguous=aligned,
+                                             interleaved_tail=interleaved_tail)
         return Q._token_blocks(g, Q.TOKEN_FWD_BLOCK_ELEMENTS, Q.TOKEN_FWD_WARPS,
                                Q.TOKEN_FWD_WHOLE_ELEMENTS, per_warp // shrink, 1,
-                               both_tensors=together,
-                               most_per_thread=Q.TOKEN_FWD_MOST_ELEMENTS_A_THREAD[item, 4]
-                               if aligned else Q.TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD)[3]
+                               both_tensors=together, most_per_thread=most)[3]
     return warps
 
-def signature(fn, dtype, consts):
-    types = {"qw_ptr": "*fp32", "kw_ptr": "*fp32", "qpart_ptr": "*fp32", "kpart_ptr": "*fp32",
+def signature(fn, dtype, consts, weights="fp32"):
+    types = {"qw_ptr": "*" + weights, "kw_ptr": "*" + weights, "qpart_ptr": "*fp32",
+             "kpart_ptr": "*fp32",
              "cos_ptr": "*fp32", "sin_ptr": "*fp32", "inv_ptr": "*fp64", "pos_ptr": "*i64",
              "eps": "fp32"}
     half = consts["D"] // 2
@@ -840,6 +842,14 @@ for fn, extra, elements, warps in (
                                              "TABLES_ONLY": True, "CONTIGUOUS_WHEN_ALIGNED": True},
            Q.TOKEN_FWD_WHOLE_ELEMENTS, token_forward_warps(together, per_warp))
           for together in (True, False) for per_warp in token_forward_per_warp()),
+        # and with weights in the rows' dtype (a bf16 model's own), q and k together (every
+        # shipped table's choice): 16-bit weights let a thread hold more of a token (the H200's
+        # 4096 elements a warp puts 32 + 8 heads of 128 on one warp, at 230-255 registers)
+        *((K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": True, "QK_TOGETHER": True,
+                                             "TABLES_ONLY": True, "CONTIGUOUS_WHEN_ALIGNED": True,
+                                             "WEIGHTS_AS_ROWS": True},
+           Q.TOKEN_FWD_WHOLE_ELEMENTS, token_forward_warps(True, per_warp, True))
+          for per_warp in token_forward_per_warp()),
         (K.qk_token_norm_rope_bwd_kernel, {"TOKENS_PER_PROGRAM": Q.LONG_RUN_TOKENS,
                                            "WHOLE_TOKEN": False, "TMA": False, **NO_DESCS,
                                            "QK_TOGETHER": False, "STAGES": Q.TOKEN_BWD_STAGES,
@@ -863,6 +873,7 @@ for fn, extra, elements, warps in (
            Q.TOKEN_BWD_WHOLE_ELEMENTS, None) for together in (False, True))):
     tma = extra.get("TMA", False)
     contiguous_when_aligned = extra.pop("CONTIGUOUS_WHEN_ALIGNED", False)
+    weights_as_rows = extra.pop("WEIGHTS_AS_ROWS", False)
     # the one-pass forward and the TMA backward never compute angles (the launcher's rule)
     computed = K.TABLE_FULL if extra.pop("TABLES_ONLY", False) else K.TABLE_COMPUTED
     for dtype, table, interleaved, tail in (("bf16", K.TABLE_HALF, False, False),
@@ -887,12 +898,13 @@ for fn, extra, elements, warps in (
         for aligned in (False, True):
             build = dict(consts, **{n: 1 for n in UNIT_STRIDES if n in fn.arg_names}) \
                 if aligned and contiguous_when_aligned else consts
-            sig = signature(fn, dtype, build)
+            sig = signature(fn, dtype, build, dtype if weights_as_rows else "fp32")
             attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
                      if aligned and sig[n] not in ("constexpr", "fp32")
                      and not sig[n].startswith("tensordesc")}
             k = triton.compile(ASTSource(fn, sig, build, attrs), target=GPUTarget("cuda", 90, 32),
-                               options={"num_warps": warps(2 if dtype != "fp32" else 4, aligned)
+                               options={"num_warps": warps(2 if dtype != "fp32" else 4, aligned,
+                                                         interleaved and tail)
                                         if callable(warps) else warps})
             ptxas = shutil.which("ptxas")
             if ptxas:
@@ -905,7 +917,8 @@ for fn, extra, elements, warps in (
                 if any(" 0 bytes spill stores" not in line for line in spills):
                     sys.exit(f"{fn.__name__} {dtype} (aligned: {aligned}): register spills: "
                              f"{spills}")
-            print("compiled", fn.__name__, dtype, "aligned" if aligned else "")
+            print("compiled", fn.__name__, dtype, "aligned" if aligned else "",
+                  "weights as rows" if weights_as_rows else "")
 
 for dtype in ("bf16", "fp16", "fp32"):
     fn = K.weight_grad_kernel
@@ -939,9 +952,11 @@ def test_kernels_compile_for_sm90_without_spills():
                        cwd=root, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     # 57 builds, and 12 more (3 dtypes, 2 builds, together and apart) for each further value of
-    # the token forward's elements a warp: few tokens', and each a shipped table sets
+    # the token forward's elements a warp: few tokens', and each a shipped table sets; then 6
+    # for each value (3 dtypes, 2 builds) with the rows' dtype for the weights
     from ports.fastrope import tuning
 
     values = {qknr.TOKEN_FWD_ELEMENTS_PER_WARP, qknr.TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP} \
         | tuning.qknorm_values("TOKEN_FWD_ELEMENTS_PER_WARP")
-    assert r.stdout.count("compiled") == 57 + 12 * (len(values) - 1)
+    assert r.stdout.count("compiled") == 57 + 12 * (len(values) - 1) + 6 * len(values)
+    assert r.stdout.count("weights as rows") == 6 * len(values)

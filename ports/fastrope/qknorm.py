@@ -154,6 +154,11 @@ TOKEN_FWD_ELEMENTS_PER_WARP = 2048
 # 32 + 16 heads of 128 on one warp.
 TOKEN_FWD_MOST_ELEMENTS_A_THREAD = {(2, 2): 160, (2, 4): 128, (4, 2): 96, (4, 4): 96}
 TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD = 48
+# Interleaved pairs with an unrotated tail hold at most this many: 16-bit rows and weights at 160
+# (32 + 8 heads of 96, 48 of them rotated, on one warp: the H200's 4096 elements a warp) spilled
+# 204-252 bytes on sm_90 under Triton 3.6 (fp16 and bf16, half and full tables); at 128 (16 + 16
+# heads on one warp) none did.
+TOKEN_FWD_MOST_INTERLEAVED_TAIL_ELEMENTS_A_THREAD = 128
 # At most this many elements a warp where there are fewer tokens than SMs (decode): the grid then
 # leaves SMs idle, and a token's work on more warps ends sooner. H100, Qwen3-8B's heads, bf16, q
 # and k together (tools/qknorm_launch_sweep.py, dba9ee4), 1 / 64 tokens out of place: 1024 1.9 /
@@ -592,9 +597,10 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
             0 if g.table == K.TABLE_COMPUTED else TOKEN_FWD_WHOLE_ELEMENTS,
             per_warp // shrink, 1,
             both_tensors=together,
-            most_per_thread=TOKEN_FWD_MOST_ELEMENTS_A_THREAD[
-                q.element_size(), max(q_weight.element_size(), k_weight.element_size())]
-            if contiguous else TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD)
+            most_per_thread=token_forward_most_a_thread(
+                q.element_size(), max(q_weight.element_size(), k_weight.element_size()),
+                contiguous=contiguous,
+                interleaved_tail=g.interleaved and g.rotary_dim < g.head_dim))
         with _triton.device_guard(q.device):
             K.qk_token_norm_rope_fwd_kernel[(g.tokens, 1 if whole_token and together else 2)](
                 q, k, qo, ko, q_weight, k_weight, *ptrs,
@@ -619,6 +625,19 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
             BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma,
             num_warps=launch_constant("HEAD_FWD_WARPS", q.device), **kw)
     return qo, ko
+
+
+def token_forward_most_a_thread(item: int, weight_item: int, *, contiguous: bool,
+                                interleaved_tail: bool) -> int:
+    """The most of a token a thread of the one-pass token-norm forward holds, by the rows' and
+    the weights' element sizes (TOKEN_FWD_MOST_ELEMENTS_A_THREAD), fewer where the channels are
+    strided or the pairs interleaved beside an unrotated tail: the most that compile without a
+    register spill on sm_90."""
+    if not contiguous:
+        return TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD
+    most = TOKEN_FWD_MOST_ELEMENTS_A_THREAD[item, weight_item]
+    return min(most, TOKEN_FWD_MOST_INTERLEAVED_TAIL_ELEMENTS_A_THREAD) if interleaved_tail \
+        else most
 
 
 def _sms(device: torch.device) -> int:
