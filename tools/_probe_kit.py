@@ -15,7 +15,8 @@ import torch
 from ports.harness.env import driver_version, metadata
 from reference.tables import first_members
 
-__all__ = ["decode_inputs", "make", "registry_arguments", "write_data_file"]
+__all__ = ["decode_inputs", "make", "output_arguments", "qknorm_shapes", "registry_arguments",
+           "write_data_file"]
 
 
 def make(layout, shape, dtype):
@@ -68,3 +69,23 @@ def write_data_file(path: str, *, tool: str, argv, section: str, context: str,
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
+
+
+def output_arguments(ap) -> None:
+    """The probes' ``--json`` (a results data file, :func:`write_data_file`) and ``--commit``."""
+    ap.add_argument("--json", help="write a results data file here")
+    ap.add_argument("--commit", help="the tree's commit, where the checkout's git is not it")
+
+
+def qknorm_shapes(ap, names: list[str]) -> list:
+    """The qknorm suite's shapes (``qknorm_bench.SHAPES``) named ``names``, in order; the
+    parser's error for an unknown name, then for a machine without a CUDA GPU."""
+    from ports.harness import qknorm_bench
+
+    known = {s.name: s for s in qknorm_bench.SHAPES}
+    bad = [n for n in names if n not in known]
+    if bad:
+        ap.error(f"unknown shape {', '.join(bad)}; known: {', '.join(known)}")
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU; none is visible")
+    return [known[n] for n in names]

@@ -43,7 +43,7 @@ from ports.fastrope import qknorm
 from ports.harness import qknorm_bench as bench
 from ports.harness.qknorm_tune import check_same_answer
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
-from tools._probe_kit import write_data_file
+from tools._probe_kit import output_arguments, qknorm_shapes, write_data_file
 
 SHAPES = ["decode 64 tokens", "qwen3-8b prefill 4k", "qwen3-8b train 4x4k",
           "qwen3-8b prefill 32k"]
@@ -251,15 +251,9 @@ def main(argv=None) -> int:
     ap.add_argument("--settings", nargs="*", metavar="A,B,...",
                     help="time only these settings (the direction's tuple as comma-separated "
                          "ints); default: the direction's whole sweep")
-    ap.add_argument("--json", help="write a results data file here")
-    ap.add_argument("--commit", help="the tree's commit, where the checkout's git is not it")
+    output_arguments(ap)
     args = ap.parse_args(argv)
-    known = {s.name: s for s in bench.SHAPES}
-    bad = [n for n in args.shapes if n not in known]
-    if bad:
-        ap.error(f"unknown shape {', '.join(bad)}; known: {', '.join(known)}")
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA GPU; none is visible")
+    shapes = qknorm_shapes(ap, args.shapes)
     default = default_setting(args.direction)
     settings = {"forward": forward_settings, "backward": backward_settings,
                 "token-forward": token_forward_settings,
@@ -273,10 +267,10 @@ def main(argv=None) -> int:
         if any(len(t) != len(default) for t in settings):
             ap.error(f"a {args.direction} setting has {len(default)} ints, like {default}")
     rows, notes = [], []
-    for name in args.shapes:
-        shape_rows, copy, compiled = sweep(known[name], args.direction, settings)
+    for shape in shapes:
+        shape_rows, copy, compiled = sweep(shape, args.direction, settings)
         rows += shape_rows
-        notes.append(f"{name}: copy {copy:.1f} us" + (
+        notes.append(f"{shape.name}: copy {copy:.1f} us" + (
             "" if compiled is None else f", torch.compile of the unfused pair {compiled:.1f} us"))
         print("\n".join(" | ".join(r) for r in shape_rows), f"\n{notes[-1]}", flush=True)
     if args.json:

@@ -21,7 +21,7 @@ from ports.fastrope.qknorm import qk_norm_rope
 from ports.harness import qknorm_bench as bench
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from reference.tables import first_members
-from tools._probe_kit import write_data_file
+from tools._probe_kit import output_arguments, qknorm_shapes, write_data_file
 
 SHAPES = ["qwen3-8b prefill 4k", "qwen3-8b train 4x4k", "qwen3-8b prefill 32k"]
 COLUMNS = ["shape", "norm", "tables", "forward (us)", "% copy of q and k",
@@ -60,18 +60,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.qknorm_table_bytes_probe",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", nargs="*", default=SHAPES)
-    ap.add_argument("--json", help="write a results data file here")
-    ap.add_argument("--commit", help="the tree's commit, where the checkout's git is not it")
+    output_arguments(ap)
     args = ap.parse_args(argv)
-    known = {s.name: s for s in bench.SHAPES}
-    bad = [n for n in args.shapes if n not in known]
-    if bad:
-        ap.error(f"unknown shape {', '.join(bad)}; known: {', '.join(known)}")
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA GPU; none is visible")
     rows = []
-    for name in args.shapes:
-        shape_rows = measure(known[name])
+    for shape in qknorm_shapes(ap, args.shapes):
+        shape_rows = measure(shape)
         rows += shape_rows
         print("\n".join(" | ".join(r) for r in shape_rows), flush=True)
     if args.json:

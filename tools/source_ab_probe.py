@@ -26,7 +26,7 @@ from ports.fastrope import experiment
 from ports.harness.suites import SUITES, get_suite
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from reference.case import make_inputs
-from tools._probe_kit import registry_arguments, write_data_file
+from tools._probe_kit import output_arguments, registry_arguments, write_data_file
 
 COLUMNS = ["case", "mode", "before us", "after us", "after / before", "same-size copy us"]
 
@@ -70,8 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--step-only", action="store_true",
                     help="only the cases the design runs on the step kernel")
     ap.add_argument("--reps", type=int, default=3, help="interleaved rounds (default 3)")
-    ap.add_argument("--json", help="write a results data file here")
-    ap.add_argument("--commit", help="the tree's commit, where the checkout's git is not it")
+    output_arguments(ap)
     args = ap.parse_args(argv)
     bad = [s for s in args.suites if s not in SUITES]
     if bad:
