@@ -120,6 +120,40 @@ def test_rows_and_their_refusals():
     assert rows["compiled unfused token-norm"].norm == "token"
 
 
+def test_fastrope_rows_get_half_width_tables(monkeypatch):
+    """fastrope's rows call it with the first halves of the full-width tables (``[L, R/2]``, the
+    angles vLLM's cache holds), made before the timed call; the input column says so."""
+    import ports.fastrope
+    import ports.fastrope.qknorm
+
+    seen = []
+
+    def record(q, k, *args, cos, sin, **kw):
+        seen.append((cos.clone(), sin.clone()))
+        return q, k
+
+    monkeypatch.setattr(ports.fastrope.qknorm, "qk_norm_rope", record)
+    monkeypatch.setattr(ports.fastrope, "apply_rope", record)
+    shape = bench.Shape("t", 1, 3, 2, 2, 8)
+    q, k = torch.randn(1, 3, 2, 8), torch.randn(1, 3, 2, 8)
+    w = torch.ones(8)
+    cos, sin = rope_tables(3, 8)
+    rows = {r.name: r for r in bench._rows(shape)}
+    names = ["fastrope fused", "fastrope fused token-norm", "rms_norm + fastrope",
+             "hf eager + fastrope"]
+    want_cos, want_sin = cos[:, :4].clone(), sin[:, :4].clone()
+    for name in names:
+        assert rows[name].input.endswith(bench.HALF_TABLES), name
+        run = rows[name].prepare(q, k, w, w, cos, sin)
+        cos.fill_(float("nan"))  # the halves were made before the timed call: the run sees none
+        run()
+        cos[:, :4], cos[:, 4:] = want_cos, want_cos
+        got_cos, got_sin = seen.pop()
+        assert got_cos.shape == (3, 4) and torch.equal(got_cos, want_cos), name
+        assert torch.equal(got_sin, want_sin), name
+    assert rows["compiled unfused"].input == bench.Q_K
+
+
 def test_token_norm_oracle_over_all_heads():
     """The token-norm rows are checked against the norm over all heads, with ``[heads * d]``
     weights (the per-head weight tiled): with equal heads that is the per-head norm (the mean
