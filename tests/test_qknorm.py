@@ -516,6 +516,24 @@ def test_token_forward_few_tokens_take_more_warps(monkeypatch, tokens, sms, per_
     assert set(seen) == {per_warp}
 
 
+@pytest.mark.parametrize("style,rot,most", [("interleaved", 8, 128), ("interleaved", None, 160),
+                                            ("rotate_half", 8, 160)])
+def test_token_forward_interleaved_tail_holds_less(monkeypatch, style, rot, most):
+    """16-bit rows and weights: a thread of the one-pass forward holds at most 160 elements, 128
+    where interleaved pairs sit beside an unrotated tail (160 spilled there on sm_90); the answer
+    is the oracle's either way."""
+    seen, blocks = [], qknr._token_blocks
+
+    def recorded(*args, **kwargs):
+        seen.append(kwargs["most_per_thread"])
+        return blocks(*args, **kwargs)
+
+    monkeypatch.setattr(qknr, "_token_blocks", recorded)
+    monkeypatch.setattr(qknr, "_sms", lambda device: 1)
+    check_forward(Case(style=style, rot=rot, dtype="bf16", norm="token"))
+    assert seen == [most]
+
+
 BACKWARD_PASSES = ["whole tokens, TMA", "whole tokens, TMA, q and k together", "whole tokens",
                    "blocks of heads"]
 
