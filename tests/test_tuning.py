@@ -466,6 +466,36 @@ def test_qknorm_measure_checks_then_times_every_candidate(monkeypatch):
     assert qknorm.FORCED == {}
 
 
+@pytest.mark.parametrize("row", ["fused QK-norm forward", "fused QK-norm backward",
+                                 "fused QK-norm token forward"])
+def test_qknorm_tuning_times_the_suites_half_width_tables(monkeypatch, row):
+    """Every call ``tune --qknorm`` times and checks gets the tables the qknorm suite's fastrope
+    rows get: the full-width rows' first halves, ``[L, R/2]``. With full-width rows the forward
+    reads 2.5% more bytes a token, and on the H200 the token forward ranked its settings
+    differently by table form (results/README.md, "the fused QK-norm's bytes")."""
+    from ports.harness import qknorm_bench as bench
+    from ports.harness import qknorm_tune as qt
+
+    shape = bench.Shape("tiny", 1, 6, 4, 2, 16)
+    monkeypatch.setattr(bench, "inputs", lambda shape, dtype, grad, norm="head": tuple(
+        t.requires_grad_(grad and i < 4) for i, t in enumerate(_cpu_inputs(shape, dtype, norm))))
+    seen = []
+
+    def record(q, k, qw, kw, eps, *, cos, sin, **kw_):
+        seen.append((cos, sin))
+        return q * qw.sum(), k * kw.sum()  # every input in the graph, for the backward's grad
+
+    monkeypatch.setattr(qknorm, "qk_norm_rope", record)
+    monkeypatch.setattr(qknorm, "qk_norm_rope_inplace", record)
+    _, _, _, _, cos, sin = _cpu_inputs(shape, torch.bfloat16)
+    for fn, extra, result in qt._cases(shape, row).values():
+        fn()
+        result()
+    assert seen
+    for got_cos, got_sin in seen:
+        assert torch.equal(got_cos, cos[:, :8]) and torch.equal(got_sin, sin[:, :8])
+
+
 def _cpu_inputs(shape, dtype, norm="head"):
     """The qknorm suite's inputs for ``shape``, built on the CPU (the interpreter's device)."""
     from reference.tables import rope_tables

@@ -1,6 +1,7 @@
 """qk_norm_rope's launch settings swept on the qknorm suite's shapes (needs a GPU).
 
-For each shape (bf16, Qwen3's per-head norm; the suite's inputs) each setting of the module's launch
+For each shape (bf16, Qwen3's per-head norm; the suite's inputs, fastrope from the ``[L, R/2]``
+tables its suite rows get) each setting of the module's launch
 constants is timed, beside torch.compile of the unfused pair (the suite's row, a fresh compile cache
 per shape) and a copy of the bytes the direction moves. The forward sweeps
 ``HEAD_FWD_BLOCK_ELEMENTS`` (heads per program * head_dim) and ``HEAD_FWD_WARPS``, 4 to 64 elements
@@ -174,7 +175,9 @@ def sweep(shape, direction: str, settings: list[tuple[int, ...]]
     norm = "token" if token else "head"  # token: [heads * d] weights, as the suite's row
     q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=backward, norm=norm)
     eps = bench.EPS
-    norm_kwargs = dict(cos=cos, sin=sin, gemma=shape.gemma, norm=norm)
+    # fastrope from the suite's [L, R/2] tables; torch.compile from transformers' full rows
+    half_cos, half_sin = bench.fastrope_tables(cos, sin)
+    norm_kwargs = dict(cos=half_cos, sin=half_sin, gemma=shape.gemma, norm=norm)
 
     def fwd():
         return qknorm.qk_norm_rope(q, k, qw, kw, eps, **norm_kwargs)

@@ -159,10 +159,7 @@ def unpack_qk(qkv: torch.Tensor, shape: Shape) -> tuple[torch.Tensor, torch.Tens
 def cat_cos_sin_cache(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """vLLM's ``cos_sin_cache`` ``[L, R]`` from rotate-half full-width tables: each row the cos
     half then the sin half (the same values the other rows read)."""
-    from reference.tables import first_members
-
-    return torch.cat([first_members(cos, "rotate_half"), first_members(sin, "rotate_half")],
-                     dim=-1).contiguous()
+    return torch.cat(fastrope_tables(cos, sin), dim=-1).contiguous()
 
 
 @dataclass
@@ -181,7 +178,6 @@ class Row:
 def _rows(shape: Shape) -> list[Row]:
     from ports.fastrope import apply_rope
     from ports.fastrope.qknorm import qk_norm_rope
-    from reference.tables import first_members
 
     s, gemma = shape.s, shape.gemma
 
@@ -189,12 +185,9 @@ def _rows(shape: Shape) -> list[Row]:
         return lambda q, k, qw, kw, cos, sin: (lambda: fn(q, k, qw, kw, cos, sin))
 
     def half_tables(fn):
-        """fastrope's rows: the ``[L, R/2]`` tables (made outside the timed call). A token's
-        full-width fp32 rows are 1 KB at d = 128, 5% of the 20 KB of q and k (32 + 8 heads, bf16)
-        its forward reads and writes; half-width rows are 2.5% (results/README.md, "the fused
-        QK-norm's bytes: the table rows")."""
+        """fastrope's rows: :func:`fastrope_tables` (made outside the timed call)."""
         def prepare(q, k, qw, kw, cos, sin):
-            hc, hs = (first_members(t, "rotate_half").contiguous() for t in (cos, sin))
+            hc, hs = fastrope_tables(cos, sin)
             return lambda: fn(q, k, qw, kw, hc, hs)
         return prepare
 
@@ -286,6 +279,18 @@ def _rows(shape: Shape) -> list[Row]:
             Row("hf eager", Q_K, direct(hf_eager)),
             Row("rms_norm + fastrope", Q_K + HALF_TABLES, half_tables(rms_norm_fastrope)),
             Row("hf eager + fastrope", Q_K + HALF_TABLES, half_tables(hf_fastrope))]
+
+
+def fastrope_tables(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tables fastrope's rows get from :func:`inputs`' full-width rotate-half ``cos, sin``:
+    their first halves, ``[L, R/2]`` (one angle per pair, the angles vLLM's cache holds). A
+    token's full-width fp32 rows are 1 KB at d = 128, 5% of the 20 KB of q and k (32 + 8 heads,
+    bf16) its forward reads and writes; half-width rows are 2.5% (results/README.md, "the fused
+    QK-norm's bytes: the table rows"). The suite's rows, ``tune --qknorm`` and
+    tools/qknorm_launch_sweep.py all time fastrope from these."""
+    from reference.tables import first_members
+
+    return tuple(first_members(t, "rotate_half").contiguous() for t in (cos, sin))
 
 
 def inputs(shape: Shape, dtype: torch.dtype, grad: bool, norm: str = "head"):

@@ -4,7 +4,8 @@ family's tuning table).
 
 The constants are :data:`ports.fastrope.qknorm.DEVICE_TUNED`. Each candidate is timed against the
 module's own values (what a GPU without a table runs) on the qknorm suite's Qwen3-8B shapes
-(:data:`SHAPES`, bf16, the suite's inputs), each direction on its own:
+(:data:`SHAPES`, bf16, the suite's inputs: the ``[L, R/2]`` tables its fastrope rows get,
+:func:`ports.harness.qknorm_bench.fastrope_tables`), each direction on its own:
 
 * ``fused QK-norm forward``: ``HEAD_FWD_BLOCK_ELEMENTS`` and ``HEAD_FWD_WARPS``, out of place and
   in place (two cases a shape);
@@ -110,6 +111,7 @@ def _cases(shape, row: str):
     backward = row == BACKWARD
     norm = "token" if row == TOKEN_FORWARD else "head"
     q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=backward, norm=norm)
+    cos, sin = bench.fastrope_tables(cos, sin)  # the suite's fastrope rows' tables
     kwargs = dict(cos=cos, sin=sin, gemma=shape.gemma, norm=norm)
 
     def out():
