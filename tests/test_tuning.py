@@ -94,12 +94,15 @@ def test_two_tables_for_one_family_are_refused(monkeypatch, tmp_path):
 
 
 def test_every_shipped_tables_qknorm_entry_is_valid():
-    """A table's fused QK-norm constants are DEVICE_TUNED names with positive ints, chosen on
-    the table's own GPU by ``tune --qknorm`` (its run and measurements in the table)."""
+    """A table's fused QK-norm constants are DEVICE_TUNED names with positive ints (a switch,
+    0 or 1), chosen on the table's own GPU by ``tune --qknorm`` (its run and measurements in the
+    table)."""
+    switches = {"TOKEN_FWD_QK_TOGETHER"}
     for family, table in tuning.tables().items():
         constants = table.get("qknorm", {})
         assert set(constants) <= set(qknorm.DEVICE_TUNED), family
-        assert all(isinstance(v, int) and v > 0 for v in constants.values()), family
+        assert all(isinstance(v, int) and (v in (0, 1) if name in switches else v > 0)
+                   for name, v in constants.items()), family
         run = table.get("qknorm_run")
         assert bool(constants) == bool(run), family
         if run:
