@@ -427,21 +427,23 @@ def test_token_norm_forward(monkeypatch, case, passes):
     assert len(paths) == 2 and set(paths) == {whole}
 
 
-def _tuned_token_forward_per_warp() -> list[int]:
-    """TOKEN_FWD_ELEMENTS_PER_WARP's values in the shipped tables other than the module's."""
+def _token_forward_per_warp() -> list[int]:
+    """TOKEN_FWD_ELEMENTS_PER_WARP's values: the module's and each shipped table's."""
     from ports.fastrope import tuning
 
     return sorted(tuning.qknorm_values("TOKEN_FWD_ELEMENTS_PER_WARP")
-                  - {qknr.TOKEN_FWD_ELEMENTS_PER_WARP})
+                  | {qknr.TOKEN_FWD_ELEMENTS_PER_WARP})
 
 
 @pytest.mark.parametrize("together", [True, False], ids=["together", "apart"])
-@pytest.mark.parametrize("per_warp", _tuned_token_forward_per_warp())
+@pytest.mark.parametrize("per_warp", _token_forward_per_warp())
 @pytest.mark.parametrize("case", TOKEN_CASES, ids=TOKEN_IDS)
 def test_token_norm_forward_at_each_tables_elements_a_warp(monkeypatch, case, per_warp,
                                                            together):
-    """The whole-token forward at the elements a warp a shipped table sets (its GPU's builds:
-    fewer warps a program, up to TOKEN_FWD_MOST_ELEMENTS_A_THREAD a thread), on any GPU."""
+    """The whole-token forward at the settings the module and the shipped tables choose from
+    (its GPUs' builds: q and k in one program or in a program each, at each elements a warp,
+    up to TOKEN_FWD_MOST_ELEMENTS_A_THREAD a thread; the H200's table takes them apart), on any
+    GPU."""
     monkeypatch.setitem(qknr.FORCED, "TOKEN_FWD_ELEMENTS_PER_WARP", per_warp)
     monkeypatch.setitem(qknr.FORCED, "TOKEN_FWD_QK_TOGETHER", int(together))
     check_forward(case)
