@@ -134,11 +134,13 @@ HEAD_FWD_WARPS = 1
 # 2048 elements a warp (2 warps, fewer warps a program and more programs an SM) 2.3, 35.7, 130.2
 # and 260.0, at 1024 2.3, 37.9, 142.8 and 285.9, at 512 2.5, 42.9, 163.8 and 330.5. The elements
 # a warp are a device-tuned constant (DEVICE_TUNED; results/README.md, "OLMo2's norm: the
-# forward's warps by GPU"). With q and k together the H200 moved Qwen3-8B's 4k, 4 x 4k and 32k
-# tokens out of place in 27.4, 98.2 and 190.0 us on one warp (4096; 255 registers, 8 programs an
-# SM) against 28.6, 102.3 and 198.4 on two (2048; 168 registers, 6 programs an SM), so its table
-# sets 4096; on the H100 `tune --qknorm` (d33c346) timed 4096 at 1.000x the time of 2048 (worst
-# case 1.006x) and 1024 at 1.270x, and 2048 stays the module's value.
+# forward's warps by GPU"). From full-width tables, with q and k together, the H200 moved
+# Qwen3-8B's 4k, 4 x 4k and 32k tokens out of place in 27.4, 98.2 and 190.0 us on one warp (4096;
+# 255 registers, 8 programs an SM) against 28.6, 102.3 and 198.4 on two (2048; 168 registers, 6
+# programs an SM). From the suite's half-width tables its `tune --qknorm` (1355f18) took q and k
+# apart at 2048 instead: 26.2, 93.2 and 186.7 us against 28.7, 103.5 and 201.1 together at 4096
+# (TOKEN_FWD_QK_TOGETHER below). On the H100 2048 together stays (9cb1a4c: apart at 2048 0.993x,
+# together at 4096 1.038x, at 1024 1.111x; margin 1%).
 TOKEN_FWD_WHOLE_ELEMENTS = 8192
 TOKEN_FWD_ELEMENTS_PER_WARP = 2048
 # More warps where a thread of the one-pass forward would hold more of a token's elements than
@@ -155,7 +157,7 @@ TOKEN_FWD_ELEMENTS_PER_WARP = 2048
 TOKEN_FWD_MOST_ELEMENTS_A_THREAD = {(2, 2): 160, (2, 4): 128, (4, 2): 96, (4, 4): 96}
 TOKEN_FWD_MOST_STRIDED_ELEMENTS_A_THREAD = 48
 # Interleaved pairs with an unrotated tail hold at most this many: 16-bit rows and weights at 160
-# (32 + 8 heads of 96, 48 of them rotated, on one warp: the H200's 4096 elements a warp) spilled
+# (32 + 8 heads of 96, 48 of them rotated, on one warp: 4096 elements a warp) spilled
 # 204-252 bytes on sm_90 under Triton 3.6 (fp16 and bf16, half and full tables); at 128 (16 + 16
 # heads on one warp) none did.
 TOKEN_FWD_MOST_INTERLEAVED_TAIL_ELEMENTS_A_THREAD = 128
@@ -163,8 +165,8 @@ TOKEN_FWD_MOST_INTERLEAVED_TAIL_ELEMENTS_A_THREAD = 128
 # leaves SMs idle, and a token's work on more warps ends sooner. H100, Qwen3-8B's heads, bf16, q
 # and k together (tools/qknorm_launch_sweep.py, dba9ee4), 1 / 64 tokens out of place: 1024 1.9 /
 # 2.1 us, 512 2.0 / 2.2, 2048 2.1 / 2.3, 4096 2.8 / 3.0; at 1k tokens (7.8 an SM) 4096 was the
-# fastest (6.2 us, 2048 6.8, 1024 7.6). The H200's qknorm suite took 2.9 us at 64 tokens on its
-# table's 4096 (5c2438a) against 2.2 on 2048 (6d5d1ba).
+# fastest (6.2 us, 2048 6.8, 1024 7.6). The H200's qknorm suite took 2.9 us at 64 tokens on the
+# 4096 its table then set (5c2438a) against 2.2 on 2048 (6d5d1ba).
 TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP = 1024
 TOKEN_FWD_BLOCK_ELEMENTS = 2048
 # The backward holds x, dy, the weight and the partial sums: a quarter of the forward's block
@@ -245,8 +247,11 @@ BACKWARD_PROGRAMS_PER_SM = 3
 # smaller programs. The weights are loaded before the rows either way. `tune --qknorm` on the
 # H100 (fb50be4; Qwen3-8B's 32/8 heads of 128, bf16, out of place at 4k, 4 x 4k and 32k tokens):
 # 34.1, 123.3 and 241.4 us together, 35.4, 130.0 and 259.9 apart (results/README.md, "OLMo2's
-# norm forward: the weights before the rows, q and k in one program"). On the H200 (7af05e8)
-# apart took 1.021x the time; both GPUs' tables set 1, and 1 serves a GPU without one.
+# norm forward: the weights before the rows, q and k in one program"). From the suite's
+# half-width tables (`tune --qknorm`, 1355f18) the H200 takes them apart at 2048 elements a warp,
+# 0.916x the time of together at 2048 (5 interleaved rounds, 6 cases); its table sets 0. The H100
+# timed apart at 0.993x (9cb1a4c), within the 1% margin, and 1 serves it and a GPU without a
+# table.
 TOKEN_FWD_QK_TOGETHER = 1
 # The launch constants a GPU family's tuning table may set for it (its "qknorm" entry, see
 # ports/fastrope/tuning.py; `python -m ports.harness.tune --qknorm` writes it), where the H100

@@ -39,8 +39,8 @@ FORWARD_SETTINGS = ((512, 1), (1024, 1), (1024, 2), (2048, 2), (2048, 4))
 # programs per SM of the backward's grid: the H100 took 3, the H200 4.
 BACKWARD_SETTINGS = (2, 3, 4, 5, 6)
 # (q and k together, elements a warp): Qwen3-8B's 32 + 8 heads of 128 together on one, two or four
-# warps (4096, 2048, 1024), apart on one or two (q's 32 heads); the H100 took together on two,
-# the H200 together on one (tools/qknorm_launch_sweep.py --direction token-forward).
+# warps (4096, 2048, 1024), apart on one or two (q's 32 heads); from the suite's half-width
+# tables the H100 took together on two (the module's), the H200 apart on two (q's 32 heads).
 TOKEN_FORWARD_SETTINGS = ((1, 1024), (1, 2048), (1, 4096), (0, 2048), (0, 4096))
 SHAPES = ("qwen3-8b prefill 4k", "qwen3-8b train 4x4k", "qwen3-8b prefill 32k")
 
