@@ -20,8 +20,8 @@ sweeps OLMo2's norm over all heads of a token (``norm="token"``, the per-head we
 heads, as the suite's row): ``TOKEN_BWD_WHOLE_ELEMENTS`` (0: every token in two passes over blocks
 of heads), ``TOKEN_BWD_ELEMENTS_PER_WARP``, the tokens a program (``LONG_RUN_TOKENS``) and
 ``TOKEN_BWD_STAGES``; ``--direction token-forward`` its forward, out of place and in place:
-``TOKEN_FWD_WHOLE_ELEMENTS`` (0: two passes over blocks of heads) and
-``TOKEN_FWD_ELEMENTS_PER_WARP``; ``--direction token-backward-tma`` the backward's whole tokens read
+``TOKEN_FWD_WHOLE_ELEMENTS`` (0: two passes over blocks of heads), ``TOKEN_FWD_ELEMENTS_PER_WARP``
+and ``TOKEN_FWD_QK_TOGETHER``; ``--direction token-backward-tma`` the backward's whole tokens read
 through TMA descriptors: ``TOKEN_BWD_TMA`` (0: plain loads, the token-backward settings),
 ``TOKEN_BWD_TMA_ELEMENTS_PER_WARP``, ``TOKEN_BWD_TMA_TOKENS`` (the most tokens a program),
 ``TOKEN_BWD_TMA_STAGES``, ``TOKEN_BWD_TMA_PROGRAMS_PER_SM``, ``TOKEN_BWD_TMA_QK_TOGETHER`` (a
@@ -73,10 +73,11 @@ def token_backward_settings() -> list[tuple[int, int, int, int]]:
         (256, 512, 1024), (8, 16, 32), (1, 2))]
 
 
-def token_forward_settings() -> list[tuple[int, int]]:
-    """(whole-token elements, elements a warp): the two-pass kernel (0) at its settings, and
-    whole tokens on 2 to 16 warps (32 heads of 128)."""
-    return [(0, 512)] + [(8192, e) for e in (256, 512, 1024, 2048)]
+def token_forward_settings() -> list[tuple[int, int, int]]:
+    """(whole-token elements, elements a warp, q and k together): the two-pass kernel (0) at its
+    settings, and whole tokens on 2 to 16 warps (32 heads of 128), q and k in one program (1) or
+    a program each (0)."""
+    return [(0, 512, 1)] + [(8192, e, t) for e in (256, 512, 1024, 2048) for t in (1, 0)]
 
 
 def token_backward_tma_settings() -> list[tuple[int, int, int, int, int, int, int]]:
@@ -91,7 +92,8 @@ def token_backward_tma_settings() -> list[tuple[int, int, int, int, int, int, in
 
 
 _TOKEN_CONSTANTS = {
-    "token-forward": ("TOKEN_FWD_WHOLE_ELEMENTS", "TOKEN_FWD_ELEMENTS_PER_WARP"),
+    "token-forward": ("TOKEN_FWD_WHOLE_ELEMENTS", "TOKEN_FWD_ELEMENTS_PER_WARP",
+                      "TOKEN_FWD_QK_TOGETHER"),
     "token-backward": ("TOKEN_BWD_WHOLE_ELEMENTS", "TOKEN_BWD_ELEMENTS_PER_WARP",
                        "LONG_RUN_TOKENS", "TOKEN_BWD_STAGES"),
     "token-backward-tma": ("TOKEN_BWD_TMA", "TOKEN_BWD_TMA_ELEMENTS_PER_WARP",
@@ -238,7 +240,8 @@ COLUMNS = {"forward": ["shape", "block elements", "warps", "out of place (us)", 
            "backward": ["shape", "block elements", "warps", "programs per SM", "stages",
                         "reduction by dependent launch", "backward (us)", "% copy"],
            "token-forward": ["shape", "whole-token elements", "elements a warp",
-                             "out of place (us)", "% copy", "in place (us)", "% copy"],
+                             "q and k together", "out of place (us)", "% copy", "in place (us)",
+                             "% copy"],
            "token-backward": ["shape", "whole-token elements", "elements a warp",
                               "tokens a program", "stages", "backward (us)", "% copy"],
            "token-backward-tma": ["shape", "TMA", "elements a warp", "most tokens a program",

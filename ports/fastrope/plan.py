@@ -199,10 +199,15 @@ def _step_heads(f, whole_warps: bool = True) -> int:
     return step_heads_filling_warps(f.htot, f.step_chunks, f.tokens, f.sms, whole_warps)
 
 
-def _takes_step_kernel(f) -> bool:
+def _step_kernel_fits(f) -> bool:
+    """The step kernel can take the problem: given tables, its fields in 32 bits, the batch in
+    grid.y, a row's chunks in one block."""
     return (f.step_eligible and not f.computed and f.index_bits == 32
-            and f.work < step_work_bound(f.elem, f.sbhd_batches) * f.resident
             and f.batch <= MAX_GRID_Y and f.chunks <= THREADS_PER_BLOCK)
+
+
+def _below_work_bound(f) -> bool:
+    return f.work < step_work_bound(f.elem, f.sbhd_batches) * f.resident
 
 
 def _past_l2_from_tables(f) -> bool:
@@ -227,7 +232,7 @@ def _past_l2_from_tables(f) -> bool:
 #                     SMs twice; False: no split; a number: that many splits (experiments)
 # Rows are checked in order; each setting comes from the first row that gives it and holds.
 RULES: tuple[Rule, ...] = (
-    Rule("pair per thread in place", "A thread owns both halves", 
+    Rule("pair per thread in place", "A thread owns both halves",
          lambda f: not f.interleaved and f.in_place, dict(pair_per_thread=True)),
     Rule("pair per thread from tables", "A thread owns both halves",
          lambda f: not f.interleaved and f.tables, dict(pair_per_thread=True)),
@@ -237,8 +242,8 @@ RULES: tuple[Rule, ...] = (
          dict(memory_order=True)),
     Rule("32-bit offsets where they fit", "32-bit offsets", lambda f: f.extent <= INT32_MAX,
          dict(index_bits=32)),
-    Rule("step kernel below the work bound", "The step kernel", _takes_step_kernel,
-         dict(step_kernel=True)),
+    Rule("step kernel below the work bound", "The step kernel", _step_kernel_fits,
+         dict(step_kernel=_below_work_bound)),
     Rule("several heads per step thread in place", "The step kernel",
          lambda f: f.in_place and f.elem == 2 and f.work >= 2 * f.resident,
          dict(step_heads=_step_heads)),
@@ -274,6 +279,14 @@ def _wide_leaves_fewer_idle(f, unrolls=(2, 4)) -> bool:
 # choices that win to tuning.TUNED_DIR; a GPU of a family without a table runs RULES as they
 # are (DESIGN.md, "Per-device tuning").
 ALTERNATIVES: dict[str, dict[str, dict]] = {
+    "step kernel below the work bound": {
+        # Past the bound too (sbhd with B > 1 keeps its bound: the step grid walks one sequence
+        # at a time): many short blocks and no loop, the traffic of flash-attn's and inductor's
+        # kernels, against the unrolled steps of fewer threads.
+        "the step kernel at any size": dict(
+            step_kernel=lambda f: not f.sbhd_batches or _below_work_bound(f)),
+        "the step kernel at any size for 16-bit data": dict(
+            step_kernel=lambda f: (f.elem == 2 and not f.sbhd_batches) or _below_work_bound(f))},
     "streaming past the L2": {
         "plain accesses": dict(streaming=False),
         "plain accesses out of place": dict(streaming=lambda f: f.in_place),
