@@ -488,9 +488,7 @@ def test_token_forward_warps_hold_q_and_k(monkeypatch):
                           device=inp["q"].device)[..., ::2].copy_(inp["q"])
     outs = [qk_norm_rope(x, inp["k"], inp["qw"], inp["kw"], EPS, **inp["kwargs"])
             for x in (inp["q"], strided)]
-    per_warp = qknr.launch_constant("TOKEN_FWD_ELEMENTS_PER_WARP", strided.device)
-    if c.b * c.s < qknr._sms(strided.device):  # 10 tokens: fewer than a GPU's SMs
-        per_warp = min(per_warp, qknr.TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP)
+    _, per_warp = qknr.token_forward_launch(c.b * c.s, strided.device)
     most = qknr.TOKEN_FWD_MOST_ELEMENTS_A_THREAD[strided.element_size(),
                                                  inp["qw"].element_size()]
     assert seen == [(per_warp, most),
@@ -499,23 +497,29 @@ def test_token_forward_warps_hold_q_and_k(monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("tokens,sms,per_warp", [(10, 132, 1024), (132, 132, 4096),
-                                                 (10, 8, 4096)])
-def test_token_forward_few_tokens_take_more_warps(monkeypatch, tokens, sms, per_warp):
-    """Fewer tokens than SMs (decode): the launcher takes at most
-    TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP elements a warp, whatever the table's; otherwise the
-    table's (4096 here, the H200's), and the answer is the oracle's either way."""
+@pytest.mark.parametrize("tokens,sms,forced,launch", [
+    (10, 132, False, (True, 1024)), (132, 132, False, (False, 4096)), (10, 8, False, (False, 4096)),
+    (10, 132, True, (False, 4096))])
+def test_token_forward_few_tokens_take_q_and_k_together_on_more_warps(monkeypatch, tokens, sms,
+                                                                      forced, launch):
+    """Fewer tokens than SMs (decode): the launcher takes q and k in one program, on at most
+    TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP elements a warp, whatever the GPU's values (apart at
+    4096 here); otherwise, or where FORCED names the constants (the launch sweep's settings), those
+    values. The answer is the oracle's either way."""
     seen, blocks = [], qknr._token_blocks
 
     def recorded(*args, **kwargs):
-        seen.append(args[4])
+        seen.append((kwargs["both_tensors"], args[4]))
         return blocks(*args, **kwargs)
 
     monkeypatch.setattr(qknr, "_token_blocks", recorded)
     monkeypatch.setattr(qknr, "_sms", lambda device: sms)
-    monkeypatch.setitem(qknr.FORCED, "TOKEN_FWD_ELEMENTS_PER_WARP", 4096)
+    for name, value in (("TOKEN_FWD_QK_TOGETHER", 0), ("TOKEN_FWD_ELEMENTS_PER_WARP", 4096)):
+        monkeypatch.setattr(qknr, name, value)  # the values of a GPU without a table
+        if forced:
+            monkeypatch.setitem(qknr.FORCED, name, value)
     check_forward(Case(b=1, s=tokens, hq=8, hk=2, d=64, dtype="bf16", norm="token"))
-    assert set(seen) == {per_warp}
+    assert set(seen) == {launch}
 
 
 @pytest.mark.parametrize("style,rot,most", [("interleaved", 8, 128), ("interleaved", None, 160),

@@ -60,9 +60,9 @@ weight): ``norm="token"``. Its kernels (``qk_token_norm_rope_*``) give a program
 one tensor for its token (forward) or its tokens (backward). The forward takes a token's heads
 whole where they fit one block (``TOKEN_FWD_WHOLE_ELEMENTS``): each row read once and kept in
 registers, the weight loaded first, and q and k in one program where the GPU's table says so
-(``TOKEN_FWD_QK_TOGETHER``); above that it reads them in blocks of heads twice, once for the
-token's sums, once to write. The grid is tokens x 2 (q, k) or tokens x 1 (together), so a decode
-step of a few tokens has only a few programs.
+(``TOKEN_FWD_QK_TOGETHER``) or there are fewer tokens than SMs; above that it reads them in
+blocks of heads twice, once for the token's sums, once to write. The grid is tokens x 2 (q, k)
+or tokens x 1 (together), so a decode step of a few tokens has only a few programs.
 The backward takes a token's heads whole where they fit one block
 (``TOKEN_BWD_WHOLE_ELEMENTS``): one pass, each row read once, 2.8x faster than two passes at
 Qwen3-8B's 4k tokens and 1.4x at 4 x 4k (H100); where the rows allow it (``TOKEN_BWD_TMA``) it
@@ -166,7 +166,10 @@ TOKEN_FWD_MOST_INTERLEAVED_TAIL_ELEMENTS_A_THREAD = 128
 # and k together (tools/qknorm_launch_sweep.py, dba9ee4), 1 / 64 tokens out of place: 1024 1.9 /
 # 2.1 us, 512 2.0 / 2.2, 2048 2.1 / 2.3, 4096 2.8 / 3.0; at 1k tokens (7.8 an SM) 4096 was the
 # fastest (6.2 us, 2048 6.8, 1024 7.6). The H200's qknorm suite took 2.9 us at 64 tokens on the
-# 4096 its table then set (5c2438a) against 2.2 on 2048 (6d5d1ba).
+# 4096 its table then set (5c2438a) against 2.2 on 2048 (6d5d1ba). There q and k also go together
+# in one program whatever the table says (token_forward_launch): on the H200, whose table takes them
+# apart, 1 / 64 tokens took 1.8 / 2.0 us together against 1.9 / 2.1 apart at 1024 a warp, 1.9 / 2.0
+# against 2.0 / 2.2 at 512 (tools/qknorm_launch_sweep.py, e300dd7).
 TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP = 1024
 TOKEN_FWD_BLOCK_ELEMENTS = 2048
 # The backward holds x, dy, the weight and the partial sums: a quarter of the forward's block
@@ -592,11 +595,8 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
         # elements a warp then (32 + 8 heads of 96 on 2 warps spilled registers on sm_90).
         contiguous = all(st[3] == 1 for st in strides) and kw["tsc"] in (0, 1) \
             and q_weight.stride(0) == 1 and k_weight.stride(0) == 1
-        together = bool(launch_constant("TOKEN_FWD_QK_TOGETHER", q.device))
+        together, per_warp = token_forward_launch(g.tokens, q.device)
         shrink = 1 if contiguous else 2
-        per_warp = launch_constant("TOKEN_FWD_ELEMENTS_PER_WARP", q.device)
-        if g.tokens < _sms(q.device):
-            per_warp = min(per_warp, TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP)
         bq, bk, whole_token, warps = _token_blocks(
             g, TOKEN_FWD_BLOCK_ELEMENTS, TOKEN_FWD_WARPS,
             0 if g.table == K.TABLE_COMPUTED else TOKEN_FWD_WHOLE_ELEMENTS,
@@ -630,6 +630,19 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
             BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma,
             num_warps=launch_constant("HEAD_FWD_WARPS", q.device), **kw)
     return qo, ko
+
+
+def token_forward_launch(tokens: int, device: torch.device) -> tuple[bool, int]:
+    """The token-norm forward's (q and k together, elements a warp): the GPU's
+    (:func:`launch_constant`), but with fewer tokens than SMs (decode) q and k together and at
+    most TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP a warp, unless FORCED names the constant."""
+    together = bool(launch_constant("TOKEN_FWD_QK_TOGETHER", device))
+    per_warp = launch_constant("TOKEN_FWD_ELEMENTS_PER_WARP", device)
+    if tokens < _sms(device):
+        together = together or "TOKEN_FWD_QK_TOGETHER" not in FORCED
+        if "TOKEN_FWD_ELEMENTS_PER_WARP" not in FORCED:
+            per_warp = min(per_warp, TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP)
+    return together, per_warp
 
 
 def token_forward_most_a_thread(item: int, weight_item: int, *, contiguous: bool,
