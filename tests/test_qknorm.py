@@ -514,8 +514,9 @@ def test_token_forward_few_tokens_take_q_and_k_together_on_more_warps(monkeypatc
 
     monkeypatch.setattr(qknr, "_token_blocks", recorded)
     monkeypatch.setattr(qknr, "_sms", lambda device: sms)
+    monkeypatch.setattr(qknr.tuning, "qknorm_constants", lambda index: {})  # a GPU without a table
     for name, value in (("TOKEN_FWD_QK_TOGETHER", 0), ("TOKEN_FWD_ELEMENTS_PER_WARP", 4096)):
-        monkeypatch.setattr(qknr, name, value)  # the values of a GPU without a table
+        monkeypatch.setattr(qknr, name, value)  # ... whose module values are these
         if forced:
             monkeypatch.setitem(qknr.FORCED, name, value)
     check_forward(Case(b=1, s=tokens, hq=8, hk=2, d=64, dtype="bf16", norm="token"))
