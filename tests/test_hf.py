@@ -22,7 +22,7 @@ import torch
 transformers = pytest.importorskip(
     "transformers", reason="needs Hugging Face transformers: pip install -e '.[hf]'")
 
-from ports.fastrope import hf, hf_kernels, hf_models  # noqa: E402
+from ports.fastrope import hf, hf_kernels, hf_models, hf_qknorm  # noqa: E402
 from test_fastrope_ops import oracle_kernel  # noqa: E402,F401 - a fixture
 from reference.oracle import apply_rope as oracle_apply_rope  # noqa: E402
 from reference.tables import expand_half  # noqa: E402
@@ -55,10 +55,12 @@ class _Emulation:
 
     def __init__(self):
         self.calls = []
+        self.geometry = []  # (q's shape, layout, offsets given) of each call
 
     def __call__(self, q, k, *, cos, sin, offsets, layout, style, rotary_dim, check_positions):
         assert check_positions is False and layout in ("bhsd", "bshd")
         self.calls.append((style, rotary_dim, cos.shape[-1]))
+        self.geometry.append((tuple(q.shape), layout, offsets is not None))
         if cos.shape[-1] == rotary_dim // 2:  # one angle per pair
             cos, sin = expand_half(cos, style), expand_half(sin, style)
         seq = q.shape[2] if layout == "bhsd" else q.shape[1]
@@ -136,6 +138,51 @@ def test_batch_rows_and_bshd_layout(emulated):
     assert len(emulated.calls) == 1
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
+B, S, H, HK, D = 3, 5, 4, 2, 8
+
+
+def _heads_second(x):  # [b, h, s, d], as transformers' attention passes q and k
+    return x.transpose(1, 2)
+
+
+@pytest.mark.parametrize("make, seqlen, geometry", [
+    # A decode step ([b, h, 1, d] views of the projections): one sequence of b tokens.
+    (lambda b, s, h: _heads_second(torch.randn(b, s, h, D)), 1, ((1, B, H, D), "bshd", False)),
+    # A prefill's projections: one sequence of b * s tokens.
+    (lambda b, s, h: _heads_second(torch.randn(b, s, h, D)), S, ((1, B * S, H, D), "bshd", False)),
+    # Tokens of a longer buffer (one run per sequence): an offsets tensor.
+    (lambda b, s, h: _heads_second(torch.randn(b, s + 2, h, D)[:, :s]), S,
+     ((B, S, H, D), "bshd", True)),
+    # Contiguous [b, h, s, d]: rotated in that layout, through an offsets tensor.
+    (lambda b, s, h: torch.randn(b, h, s, D), S, ((B, H, S, D), "bhsd", True)),
+])
+def test_batch_rows_fold_the_batch_into_one_sequence_where_memory_allows(emulated, make, seqlen,
+                                                                         geometry):
+    """cos/sin [b, s, d]: q and k whose batch folds into their tokens are rotated as one sequence
+    of b * s tokens, token t reading row t (no offsets tensor); the others through offsets. The
+    rows' two halves differ, so a drop-in reading one half for both would fail."""
+    original = hf.original_of(hf.module_of(hf.FAMILIES["llama"]).apply_rotary_pos_emb)
+    rotary = hf.drop_in(hf.FAMILIES["llama"], original)
+    torch.manual_seed(7)
+    q, k = make(B, seqlen, H), make(B, seqlen, HK)
+    cos, sin = torch.rand(B, seqlen, D) * 2 - 1, torch.rand(B, seqlen, D) * 2 - 1
+    got = rotary(q, k, cos, sin)
+    want = original(q, k, cos, sin)
+    assert emulated.geometry == [geometry]
+    for g, w in zip(got, want):
+        assert g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
+def test_fold_batch_gives_views_or_none():
+    x = torch.randn(B, S, H, D)
+    folded = hf_qknorm.fold_batch(x, x[:, :1])
+    assert [f.shape for f in folded] == [(1, B * S, H, D), (1, B, H, D)]
+    assert all(f.data_ptr() == x.data_ptr() for f in folded)
+    assert hf_qknorm.fold_batch(x, x[:, :2]) is None  # two tokens of each sequence of 5
+    assert hf_qknorm.fold_batch(torch.randn(B, H, S, D).transpose(1, 2)) is None
 
 
 def test_outputs_have_the_originals_strides(oracle_kernel, monkeypatch):

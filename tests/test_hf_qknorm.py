@@ -113,6 +113,22 @@ def test_fused_kernel_per_sequence_rows(counted):
     torch.testing.assert_close(got, want, **LOGIT_TOL)
 
 
+def test_per_sequence_rows_fold_the_batch_or_name_each_tokens_row():
+    """The projections fold into one sequence of b * s tokens, token t reading row t (no
+    positions tensor); q and k that do not fold keep their shape, token (j, i) reading row
+    j * s + i."""
+    b, s, h, d = 2, 3, 4, 8
+    cos, sin = torch.rand(b, s, d), torch.rand(b, s, d)
+    q, k = torch.randn(b, s, h * d).view(b, s, h, d), torch.randn(b, s, 2, d)
+    fq, fk, tc, ts, positions = hf_qknorm._table(q, k, cos, sin)
+    assert (fq.shape, fk.shape, positions) == ((1, b * s, h, d), (1, b * s, 2, d), None)
+    assert torch.equal(tc, cos.reshape(b * s, d)) and torch.equal(ts, sin.reshape(b * s, d))
+    q = torch.randn(b, h, s, d).transpose(1, 2)
+    fq, fk, _, _, positions = hf_qknorm._table(q, k, cos, sin)
+    assert fq is q and fk is k
+    assert torch.equal(positions, torch.arange(b * s, dtype=torch.int32).view(b, s))
+
+
 def _step(model, ids):
     model.zero_grad(set_to_none=True)
     out = model(ids, labels=ids)

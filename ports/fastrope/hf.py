@@ -5,7 +5,9 @@ transformers rotates q and k ``[b, h, s, d]`` (views of ``[b, s, h, d]`` project
 ``.transpose(1, 2)``; ``unsqueeze_dim=2``: ``[b, s, h, d]``) with ``cos``/``sin``
 ``[b or 1, s, R]`` from the family's rotary-embedding module, one row per token. Here those rows
 become fastrope's table: ``[s, .]`` when the batch shares them, else ``[b * s, .]`` with
-sequence j starting at row ``j * s`` (an offsets tensor). The outputs are fastrope's: new
+sequence j starting at row ``j * s``, read by q and k folded into one sequence of ``b * s``
+tokens where their memory allows (a decode step always; ``hf_qknorm.fold_batch``), else through
+an offsets tensor. The outputs are fastrope's: new
 contiguous tensors, rotated in fp32 and rounded once (transformers rounds each product and the
 sum to q's dtype).
 
@@ -151,24 +153,35 @@ def rotate(row: Family, q, k, cos, sin, unsqueeze_dim: int = 1):
     """fastrope's ``(q_embed, k_embed)`` for a call :func:`served` accepts."""
     b, s = q.shape[0], q.shape[3 - unsqueeze_dim]
     width = cos.shape[2]
+    layout = LAYOUTS[unsqueeze_dim]
+    heads_second = layout == "bhsd"
+    # q and k as [b, s, h, d] views (rotated as bshd: the outputs keep that memory order)
+    qs, ks = (q.transpose(1, 2), k.transpose(1, 2)) if heads_second else (q, k)
+    rotated = qs, ks
     offsets = None
     if cos.shape[0] == 1:  # rows shared by the batch: token i reads row i
         cos, sin = cos[0], sin[0]
     else:  # sequence j's rows start at j * s
         cos, sin = cos.reshape(b * s, width), sin.reshape(b * s, width)
-        offsets = torch.arange(0, b * s, s, device=q.device, dtype=torch.int32)
+        folded = hf_qknorm.fold_batch(qs, ks)  # token j * s + i reads row j * s + i
+        if folded is not None:
+            rotated = folded
+        else:
+            offsets = torch.arange(0, b * s, s, device=q.device, dtype=torch.int32)
     if row.table == "glm":  # cat(f, f): the first half holds one angle per pair
         cos, sin = cos[:, : width // 2], sin[:, : width // 2]
-    layout = LAYOUTS[unsqueeze_dim]
-    token_major = layout == "bhsd" and _token_major(q) and _token_major(k)
-    if token_major:  # rotate [b, s, h, d] memory as bshd: the outputs keep its order
-        q, k, layout = q.transpose(1, 2), k.transpose(1, 2), "bshd"
+    if rotated[0] is qs and heads_second and not (_token_major(q) and _token_major(k)):
+        rotated, layout = (q, k), "bhsd"  # [b, h, s, d] memory: rotated as it is
+    else:
+        layout = "bshd"
     # The rows cover every token by construction: no position check (and no device sync).
-    q_embed, k_embed = apply_rope(q, k, cos=cos, sin=sin, offsets=offsets, layout=layout,
+    q_embed, k_embed = apply_rope(*rotated, cos=cos, sin=sin, offsets=offsets, layout=layout,
                                   style=row.style, rotary_dim=width, check_positions=False)
-    if token_major:
-        return q_embed.transpose(1, 2), k_embed.transpose(1, 2)
-    return q_embed, k_embed
+    if layout == "bhsd":
+        return q_embed, k_embed
+    q_embed, k_embed = q_embed.view(qs.shape), k_embed.view(ks.shape)
+    return (q_embed.transpose(1, 2), k_embed.transpose(1, 2)) if heads_second \
+        else (q_embed, k_embed)
 
 
 def _token_major(x) -> bool:

@@ -103,15 +103,32 @@ def _weights_served(q: torch.Tensor, *weights: torch.Tensor) -> bool:
                and tuple(w.shape) == (d,) and w.device == q.device for w in weights)
 
 
-def _table(q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """HF's per-token rows ``[b or 1, s, R]`` as qk_norm_rope's ``(cos, sin, positions)``: the
-    shared rows as the table itself (token i reads row i), or every sequence's rows stacked
-    ``[b * s, R]`` with token (j, i) at row ``j * s + i``."""
+def fold_batch(*xs: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+    """``[b, s, h, d]`` tensors as ``[1, b * s, h, d]`` views of the same memory where each is
+    one run of tokens at one stride (a projection's output; any tensor with b or s of 1), else
+    None. Token (j, i) is then token ``j * s + i``: with each sequence's rows stacked
+    ``[b * s, R]`` it reads its own row from its token index, with no positions tensor to make
+    (a launch) or to read before the row (a dependent load)."""
+    if all(x.shape[0] == 1 or x.shape[1] == 1 or x.stride(0) == x.shape[1] * x.stride(1)
+           for x in xs):
+        return tuple(x.view(1, x.shape[0] * x.shape[1], *x.shape[2:]) for x in xs)
+    return None
+
+
+def _table(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """HF's per-token rows ``[b or 1, s, R]`` for q and k ``[b, s, h, d]`` as qk_norm_rope's
+    ``(q, k, cos, sin, positions)``: the shared rows as the table itself (token i reads row i),
+    or every sequence's rows stacked ``[b * s, R]``, read by q and k folded into one sequence
+    (:func:`fold_batch`) or else with token (j, i) at row ``j * s + i``."""
     if cos.shape[0] == 1:
-        return cos[0], sin[0], None
+        return q, k, cos[0], sin[0], None
     b, s, width = cos.shape
+    cos, sin = cos.reshape(b * s, width), sin.reshape(b * s, width)
+    folded = fold_batch(q, k)
+    if folded is not None:
+        return *folded, cos, sin, None
     positions = torch.arange(b * s, device=q.device, dtype=torch.int32).view(b, s)
-    return cos.reshape(b * s, width), sin.reshape(b * s, width), positions
+    return q, k, cos, sin, positions
 
 
 def norm_rope(style: str, spec: FusedNorm, module, served: Callable) -> Callable:
@@ -122,13 +139,14 @@ def norm_rope(style: str, spec: FusedNorm, module, served: Callable) -> Callable
     def pair(attn, q, k, cos, sin):
         q_w, k_w = attn.q_norm.weight, attn.k_norm.weight
         if served(q, k, cos, sin) and _weights_served(q, q_w, k_w):
-            table_cos, table_sin, positions = _table(q, cos, sin)
+            shapes = q.shape, k.shape
+            q, k, table_cos, table_sin, positions = _table(q, k, cos, sin)
             # HF's rows cover every token by construction: no position check (no device sync).
             q, k = qk_norm_rope(q, k, q_w, k_w, float(getattr(attn.q_norm, spec.eps)),
                                 cos=table_cos, sin=table_sin, positions=positions,
                                 style=style, layout="bshd", gemma=spec.gemma,
                                 check_positions=False)
-            return q.transpose(1, 2), k.transpose(1, 2)
+            return q.view(shapes[0]).transpose(1, 2), k.view(shapes[1]).transpose(1, 2)
         q, k = attn.q_norm(q).transpose(1, 2), attn.k_norm(k).transpose(1, 2)
         return module.apply_rotary_pos_emb(q, k, cos, sin)
     return pair
