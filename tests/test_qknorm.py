@@ -305,6 +305,29 @@ def test_backward_several_tokens_per_program_is_deterministic(monkeypatch):
         assert torch.equal(first[name], second[name]), name
 
 
+def test_backward_minimal_kernel_keeps_every_load(monkeypatch):
+    """HEAD_BWD_MINIMAL (the probes' minimal kernel): dx = dy + x * sin and the weight-gradient
+    rows sum x * cos, so every load (x, dy, both members' cos and sin) reaches an output; every
+    element written (NaN-poisoned allocations). Asymmetric fp32 tables, two groups of tokens."""
+    monkeypatch.setattr(qknr, "HEAD_BWD_MINIMAL", True)
+    monkeypatch.setattr(qknr, "FORCED", {"BACKWARD_PROGRAMS_PER_SM": 8})
+    c = Case(b=2, s=5, hq=3, hk=1, d=8, asymmetric=True)
+    inp = make_case(c)
+    gen = torch.Generator().manual_seed(5)
+    grads = [torch.randn(inp[n].shape, generator=gen).to(c.device) for n in ("q", "k")]
+    with _alloc.poisoned():
+        dq, dk, dqw, dkw = qknr.backward(*grads, inp["q"], inp["k"], inp["qw"], inp["kw"], EPS,
+                                         positions=None, **inp["kwargs"])
+    rows = inp["pos"].reshape(c.b, c.s, 1, 1)  # [b, s, 1, 1]: token (j, i)'s row
+    cos, sin = (t[rows.squeeze(-1).squeeze(-1)][:, :, None, :] for t in (inp["cos64"],
+                                                                         inp["sin64"]))
+    for x, g, dx, dw in ((inp["q"], grads[0], dq, dqw), (inp["k"], grads[1], dk, dkw)):
+        x64, g64 = x.double().cpu(), g.double().cpu()
+        torch.testing.assert_close(dx.double().cpu(), g64 + x64 * sin, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(dw.double().cpu(), (x64 * cos).sum((0, 1, 2)), rtol=1e-5,
+                                   atol=1e-5)
+
+
 @pytest.mark.parametrize("q_rows,k_rows,q_cols,k_cols,dtype", [
     (300, 131, 24, 24, torch.bfloat16),    # rows past one block of 128, columns past 8
     (5, 0, 6, 6, torch.float16),           # fewer columns than a block; no k rows (zeros)

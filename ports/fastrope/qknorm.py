@@ -299,6 +299,10 @@ WEIGHT_GRAD_PDL = True
 # at 4k, 4 x 4k and 32k tokens in each of three runs on the H100 (5ba3101: 58.2 against 57.1 us
 # at 4k) and 1.4-1.8 us on the H200 (5c2438a).
 TOKEN_BWD_TMA_PDL = False
+# The per-head backward built as its minimal kernel (qknorm_kernels._backward_heads' MINIMAL): the
+# norm and rotation replaced by a multiply-add per element, every load, store and partial row kept.
+# For experiments only (tools/qknorm_minimal_probe.py): its results are not the gradients.
+HEAD_BWD_MINIMAL = False
 
 
 @dataclass(frozen=True)
@@ -671,6 +675,18 @@ def backward_tokens_per_program(tokens: int, head_blocks: int, device: torch.dev
     return max(1, triton.cdiv(tokens * head_blocks, budget))
 
 
+def head_backward_grid(g: Geometry, q: Tensor) -> tuple[int, int, int, int, int, int]:
+    """The per-head backward's launch for call ``g`` (:func:`validate`'s) of q's element size and
+    device: (q heads a block, k heads a block, q head blocks, k head blocks, tokens a program,
+    token groups). Its weight-gradient partial rows: groups x q head blocks, and for k."""
+    elements = HEAD_BWD_BLOCK_ELEMENTS[q.element_size(), g.rotary_dim < g.head_dim]
+    bq = _block_heads(g.q_heads, g.head_dim, elements)
+    bk = _block_heads(g.k_heads, g.head_dim, elements)
+    qb, kb = triton.cdiv(g.q_heads, bq), triton.cdiv(g.k_heads, bk)
+    tpp = backward_tokens_per_program(g.tokens, qb + kb, q.device)
+    return bq, bk, qb, kb, tpp, triton.cdiv(g.tokens, tpp)
+
+
 def _pdl(device: torch.device) -> bool:
     """Whether the weight-gradient reduction follows the backward by programmatic dependent
     launch on ``device`` (``WEIGHT_GRAD_PDL``, a CUDA device of compute capability 9.0 or up)."""
@@ -726,12 +742,7 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
                                     cos, sin, positions, base, gemma, layout, bq, bk, tpp,
                                     triton.cdiv(g.tokens, tpp), whole_token, warps, descs,
                                     stages, together)
-    elements = HEAD_BWD_BLOCK_ELEMENTS[q.element_size(), g.rotary_dim < g.head_dim]
-    bq = _block_heads(g.q_heads, g.head_dim, elements)
-    bk = _block_heads(g.k_heads, g.head_dim, elements)
-    qb, kb = triton.cdiv(g.q_heads, bq), triton.cdiv(g.k_heads, bk)
-    tpp = backward_tokens_per_program(g.tokens, qb + kb, q.device)
-    groups = triton.cdiv(g.tokens, tpp)
+    bq, bk, qb, kb, tpp, groups = head_backward_grid(g, q)
     qpart = _alloc.empty((groups * qb, g.head_dim), dtype=torch.float32, device=q.device)
     kpart = _alloc.empty((groups * kb, g.head_dim), dtype=torch.float32, device=q.device)
     pdl = _pdl(q.device)
@@ -749,7 +760,7 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
                 BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma,
                 STAGES=(BACKWARD_STAGES if triton.next_power_of_2(g.head_dim)
                         <= PIPELINED_MAX_HEAD_DIM else 1),
-                PDL=pdl, num_warps=BACKWARD_WARPS, **kw)
+                PDL=pdl, MINIMAL=bool(HEAD_BWD_MINIMAL), num_warps=BACKWARD_WARPS, **kw)
     return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight, pdl)
 
 

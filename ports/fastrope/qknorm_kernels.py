@@ -253,11 +253,14 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, token
                     D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
                     TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
                     TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
-                    HAS_TAIL: tl.constexpr, tokens_per_program, STAGES: tl.constexpr):
+                    HAS_TAIL: tl.constexpr, tokens_per_program, STAGES: tl.constexpr,
+                    MINIMAL: tl.constexpr):
     """dx for heads h0 .. h0 + BLOCK_H - 1 of the tokens tok0 + i * token_step, i below
     tokens_per_program, and their weight-gradient partial sum as row ``part_row`` of the
     [programs, D] buffer. STAGES > 1 asks Triton's pipeliner to issue a later token's loads while
-    a token is computed."""
+    a token is computed. MINIMAL: the minimal kernel (experiments; not the gradients): the norm
+    and the rotation replaced by a multiply-add per element that keeps every load (x, dy, cos
+    and sin) and store, the partial rows and the loop as they are."""
     h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
     w1, w2, wt = _weights(w_ptr, sw, D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, GEMMA)
     j, o1, o2 = _members(HALF, PAIR_BLOCK, INTERLEAVED)
@@ -279,24 +282,32 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, token
                                 PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
         g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
                                 PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
-        rstd = _rstd(x1, x2, xt, eps, D)
-        xh1 = tl.where(hm & pm, x1 * rstd, 0.0)
-        xh2 = tl.where(hm & pm, x2 * rstd, 0.0)
-        xht = tl.where(hm, xt * rstd, 0.0)
-        dz1 = g1 * c1 + g2 * s2
-        dz2 = g2 * c2 - g1 * s1
-        acc1 += dz1 * xh1
-        acc2 += dz2 * xh2
-        acct += gt * xht
-        dxh1 = dz1 * w1
-        dxh2 = dz2 * w2
-        dxht = gt * wt
-        dot = (tl.sum(dxh1 * xh1, axis=1) + tl.sum(dxh2 * xh2, axis=1)
-               + tl.sum(dxht * xht, axis=1))[:, None] / D
-        _store_rows(dx_ptr + b * sdb + s * sds + h * sdh, sdd, hm,
-                    rstd * (dxh1 - xh1 * dot), rstd * (dxh2 - xh2 * dot),
-                    rstd * (dxht - xht * dot), D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED,
-                    HAS_TAIL)
+        if MINIMAL:
+            acc1 += x1 * c1
+            acc2 += x2 * c2
+            acct += xt
+            _store_rows(dx_ptr + b * sdb + s * sds + h * sdh, sdd, hm, g1 + x1 * s1,
+                        g2 + x2 * s2, gt + xt, D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED,
+                        HAS_TAIL)
+        else:
+            rstd = _rstd(x1, x2, xt, eps, D)
+            xh1 = tl.where(hm & pm, x1 * rstd, 0.0)
+            xh2 = tl.where(hm & pm, x2 * rstd, 0.0)
+            xht = tl.where(hm, xt * rstd, 0.0)
+            dz1 = g1 * c1 + g2 * s2
+            dz2 = g2 * c2 - g1 * s1
+            acc1 += dz1 * xh1
+            acc2 += dz2 * xh2
+            acct += gt * xht
+            dxh1 = dz1 * w1
+            dxh2 = dz2 * w2
+            dxht = gt * wt
+            dot = (tl.sum(dxh1 * xh1, axis=1) + tl.sum(dxh2 * xh2, axis=1)
+                   + tl.sum(dxht * xht, axis=1))[:, None] / D
+            _store_rows(dx_ptr + b * sdb + s * sds + h * sdh, sdd, hm,
+                        rstd * (dxh1 - xh1 * dot), rstd * (dxh2 - xh2 * dot),
+                        rstd * (dxht - xht * dot), D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED,
+                        HAS_TAIL)
     prow = part_ptr + part_row * D
     tl.store(prow + o1, tl.sum(acc1, axis=0)[None, :], mask=pm)
     tl.store(prow + o2, tl.sum(acc2, axis=0)[None, :], mask=pm)
@@ -317,7 +328,7 @@ def qk_norm_rope_bwd_kernel(
         D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
         TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr,
-        STAGES: tl.constexpr, PDL: tl.constexpr):
+        STAGES: tl.constexpr, PDL: tl.constexpr, MINIMAL: tl.constexpr = False):
     """Grid (token groups, q head blocks + k head blocks): dq, dk and the weight-gradient
     partial rows (q: row ``group * Q_BLOCKS + block``; k likewise with K_BLOCKS). Group g takes
     tokens g, g + groups, g + 2 * groups, ...: the programs running at one time read and write
@@ -337,7 +348,7 @@ def qk_norm_rope_bwd_kernel(
                         cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, sqb, sqs, sqh, sqd,
                         sgqb, sgqs, sgqh, sgqd, sdqb, sdqs, sdqh, sdqd, sqw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, TABLE, HAS_POS,
-                        GEMMA, HAS_TAIL, tokens_per_program, STAGES)
+                        GEMMA, HAS_TAIL, tokens_per_program, STAGES, MINIMAL)
     else:
         kb = hb - Q_BLOCKS
         _backward_heads(k_ptr, gk_ptr, dk_ptr, kw_ptr, kpart_ptr, grp * K_BLOCKS + kb, grp,
@@ -345,7 +356,7 @@ def qk_norm_rope_bwd_kernel(
                         cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, skb, sks, skh, skd,
                         sgkb, sgks, sgkh, sgkd, sdkb, sdks, sdkh, sdkd, skw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, TABLE, HAS_POS,
-                        GEMMA, HAS_TAIL, tokens_per_program, STAGES)
+                        GEMMA, HAS_TAIL, tokens_per_program, STAGES, MINIMAL)
 
 
 # ---- norm over all heads of a token (OLMo2) ---------------------------------------------------
