@@ -880,8 +880,9 @@ UNIT_STRIDES = dict.fromkeys(("sqd", "skd", "sgqd", "sgkd", "sdqd", "sdkd", "sqo
 
 for fn, extra, elements, warps in (
         (K.qk_norm_rope_fwd_kernel, {}, Q.HEAD_FWD_BLOCK_ELEMENTS, Q.HEAD_FWD_WARPS),
-        (K.qk_norm_rope_bwd_kernel, {"STAGES": Q.BACKWARD_STAGES, "PDL": True}, None,
-         Q.BACKWARD_WARPS),
+        # (MINIMAL, the probes' minimal kernel, off as every launch but theirs has it)
+        (K.qk_norm_rope_bwd_kernel, {"STAGES": Q.BACKWARD_STAGES, "PDL": True, "MINIMAL": False},
+         None, Q.BACKWARD_WARPS),
         (K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": False, "QK_TOGETHER": False},
          Q.TOKEN_FWD_BLOCK_ELEMENTS, Q.TOKEN_FWD_WARPS),
         # whole tokens, q's 32 heads and k's 8 in one program or apart, on the launcher's warps
