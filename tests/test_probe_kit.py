@@ -1,11 +1,13 @@
 """The probes' results data file (tools/_probe_kit.py) is one tools/results_tables.py renders,
 with the run's command, commit and machine; the A/B probe refuses a --before that is not a
-rope.cu, and the table-bytes probe an unknown shape, before they need a GPU."""
+rope.cu, the table-bytes and minimal-kernel probes an unknown shape, and the probes that take
+--reps a count below 1, before they need a GPU."""
 import json
 
 import pytest
 
-from tools import _probe_kit, qknorm_table_bytes_probe, results_tables, source_ab_probe
+from tools import (_probe_kit, qknorm_minimal_probe, qknorm_table_bytes_probe, results_tables,
+                   rows_given_probe, source_ab_probe)
 
 
 def test_write_data_file_is_a_results_table(tmp_path):
@@ -32,9 +34,18 @@ def test_source_ab_probe_refuses_a_file_that_is_not_rope_cu(tmp_path, capsys):
         assert "--before" in capsys.readouterr().err
 
 
-def test_table_bytes_probe_refuses_an_unknown_shape(capsys):
+@pytest.mark.parametrize("probe", [qknorm_table_bytes_probe, qknorm_minimal_probe])
+def test_qknorm_probes_refuse_an_unknown_shape(capsys, probe):
     with pytest.raises(SystemExit) as e:
-        qknorm_table_bytes_probe.main(["--shapes", "qwen3-8b prefill 5k"])
+        probe.main(["--shapes", "qwen3-8b prefill 5k"])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "unknown shape qwen3-8b prefill 5k" in err and "qwen3-8b prefill 4k" in err
+
+
+@pytest.mark.parametrize("probe", [rows_given_probe, qknorm_minimal_probe])
+def test_probes_refuse_fewer_than_one_round(capsys, probe):
+    with pytest.raises(SystemExit) as e:
+        probe.main(["--reps", "0"])
+    assert e.value.code == 2
+    assert "--reps must be at least 1, got 0" in capsys.readouterr().err
