@@ -49,3 +49,20 @@ def test_probes_refuse_fewer_than_one_round(capsys, probe):
         probe.main(["--reps", "0"])
     assert e.value.code == 2
     assert "--reps must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_write_requested_writes_only_where_asked(tmp_path):
+    """--json given: a data file whose context is the docstring's paragraph after its title, on
+    one line, then ``more_context``; no --json: nothing written."""
+    import argparse
+
+    doc = "Title line.\n\nFirst paragraph,\n  on two lines.\n\nUsage."
+    kw = dict(tool="tools.x", doc=doc, section="s", columns=["a"], rows=[["1"]])
+    path = tmp_path / "run.json"
+    _probe_kit.write_requested(argparse.Namespace(json=None, commit=None), [], **kw)
+    assert not path.exists()
+    _probe_kit.write_requested(argparse.Namespace(json=str(path), commit="abc1234"),
+                               ["--json", "run.json"], **kw, more_context=" More.")
+    data = json.loads(path.read_text())
+    assert data["context"] == "First paragraph, on two lines. More."
+    assert data["commit"] == "abc1234" and data["rows"] == [["1"]]

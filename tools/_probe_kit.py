@@ -16,7 +16,7 @@ from ports.harness.env import driver_version, metadata
 from reference.tables import first_members
 
 __all__ = ["decode_inputs", "make", "output_arguments", "qknorm_shapes", "registry_arguments",
-           "write_data_file"]
+           "write_data_file", "write_requested"]
 
 
 def make(layout, shape, dtype):
@@ -69,6 +69,17 @@ def write_data_file(path: str, *, tool: str, argv, section: str, context: str,
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
         f.write("\n")
+
+
+def write_requested(args, argv, *, tool: str, doc: str, section: str, columns: list[str],
+                    rows: list[list[str]], more_context: str = "") -> None:
+    """The run's results data file where it asked for one (:func:`output_arguments`' ``--json``
+    and ``--commit``), its context the probe's docstring ``doc`` (the paragraph after its title,
+    on one line) and ``more_context``."""
+    if args.json:
+        context = " ".join(doc.split("\n\n")[1].split()) + more_context
+        write_data_file(args.json, tool=tool, argv=argv, section=section, context=context,
+                        commit=args.commit, columns=columns, rows=rows)
 
 
 def output_arguments(ap) -> None:

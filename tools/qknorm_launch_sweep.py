@@ -44,7 +44,7 @@ from ports.fastrope import qknorm
 from ports.harness import qknorm_bench as bench
 from ports.harness.qknorm_tune import check_same_answer
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
-from tools._probe_kit import output_arguments, qknorm_shapes, write_data_file
+from tools._probe_kit import output_arguments, qknorm_shapes, write_requested
 
 SHAPES = ["decode 64 tokens", "qwen3-8b prefill 4k", "qwen3-8b train 4x4k",
           "qwen3-8b prefill 32k"]
@@ -279,13 +279,11 @@ def main(argv=None) -> int:
         notes.append(f"{shape.name}: copy {copy:.1f} us" + (
             "" if compiled is None else f", torch.compile of the unfused pair {compiled:.1f} us"))
         print("\n".join(" | ".join(r) for r in shape_rows), f"\n{notes[-1]}", flush=True)
-    if args.json:
-        write_data_file(
-            args.json, tool="tools.qknorm_launch_sweep", argv=argv,
-            section=f"qk_norm_rope's {args.direction} launch settings",
-            context=(" ".join(__doc__.split("\n\n")[1].split()) + f" The {args.direction}'s "
-                     f"setting on this GPU at the time: {default}. " + "; ".join(notes) + "."),
-            commit=args.commit, columns=COLUMNS[args.direction], rows=rows)
+    write_requested(args, argv, tool="tools.qknorm_launch_sweep", doc=__doc__,
+                    section=f"qk_norm_rope's {args.direction} launch settings",
+                    columns=COLUMNS[args.direction], rows=rows,
+                    more_context=(f" The {args.direction}'s setting on this GPU at the time: "
+                                  f"{default}. " + "; ".join(notes) + "."))
     return 0
 
 

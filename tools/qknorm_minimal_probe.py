@@ -23,7 +23,7 @@ import torch
 from ports.fastrope import qknorm
 from ports.harness import qknorm_bench as bench
 from ports.harness.timing import copy_of, copy_us, graph_median_us, min_of_interleaved
-from tools._probe_kit import output_arguments, qknorm_shapes, write_data_file
+from tools._probe_kit import output_arguments, qknorm_shapes, write_requested
 
 SHAPES = ["decode 64 tokens", "qwen3-8b prefill 4k", "qwen3-8b train 4x4k",
           "qwen3-8b prefill 32k"]
@@ -101,11 +101,9 @@ def main(argv=None) -> int:
     for shape in shapes:
         rows.append(probe(shape, args.reps))
         print("| " + " | ".join(rows[-1]) + " |", flush=True)
-    if args.json:
-        write_data_file(args.json, tool="tools.qknorm_minimal_probe", argv=argv,
-                        section="the fused QK-norm's backward against its minimal kernel",
-                        context=" ".join(__doc__.split("\n\n")[1].split()), commit=args.commit,
-                        columns=COLUMNS, rows=rows)
+    write_requested(args, argv, tool="tools.qknorm_minimal_probe", doc=__doc__,
+                    section="the fused QK-norm's backward against its minimal kernel",
+                    columns=COLUMNS, rows=rows)
     return 0
 
 

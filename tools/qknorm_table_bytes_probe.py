@@ -21,7 +21,7 @@ from ports.fastrope.qknorm import qk_norm_rope
 from ports.harness import qknorm_bench as bench
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from reference.tables import first_members
-from tools._probe_kit import output_arguments, qknorm_shapes, write_data_file
+from tools._probe_kit import output_arguments, qknorm_shapes, write_requested
 
 SHAPES = ["qwen3-8b prefill 4k", "qwen3-8b train 4x4k", "qwen3-8b prefill 32k"]
 COLUMNS = ["shape", "norm", "tables", "forward (us)", "% copy of q and k",
@@ -67,12 +67,9 @@ def main(argv=None) -> int:
         shape_rows = measure(shape)
         rows += shape_rows
         print("\n".join(" | ".join(r) for r in shape_rows), flush=True)
-    if args.json:
-        write_data_file(
-            args.json, tool="tools.qknorm_table_bytes_probe", argv=argv,
-            section="the fused QK-norm's bytes: the table rows",
-            context=" ".join(__doc__.split("\n\n")[1].split()), commit=args.commit,
-            columns=COLUMNS, rows=rows)
+    write_requested(args, argv, tool="tools.qknorm_table_bytes_probe", doc=__doc__,
+                    section="the fused QK-norm's bytes: the table rows", columns=COLUMNS,
+                    rows=rows)
     return 0
 
 

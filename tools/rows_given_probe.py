@@ -30,7 +30,7 @@ from ports.fastrope import apply_rope, hf
 from ports.harness.suites import get_suite
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from reference.case import make_inputs
-from tools._probe_kit import output_arguments, write_data_file
+from tools._probe_kit import output_arguments, write_requested
 
 ROWS = ("Liger (rows, in place)", "fastrope drop-in (rows)",
         "rows through offsets made in the call", "fastrope folded (half rows)",
@@ -88,11 +88,9 @@ def main(argv=None) -> int:
         copy = copy_us(case.io_bytes() // 2, graph=True)
         rows.append([case.describe(), *(f"{times[n]:.2f}" for n in ROWS), f"{copy:.2f}"])
         print("| " + " | ".join(rows[-1]) + " |", flush=True)
-    if args.json:
-        write_data_file(args.json, tool="tools.rows_given_probe", argv=argv,
-                        section="fastrope's Hugging Face drop-in handed the rows Liger is handed",
-                        context=" ".join(__doc__.split("\n\n")[1].split()), commit=args.commit,
-                        columns=COLUMNS, rows=rows)
+    write_requested(args, argv, tool="tools.rows_given_probe", doc=__doc__,
+                    section="fastrope's Hugging Face drop-in handed the rows Liger is handed",
+                    columns=COLUMNS, rows=rows)
     return 0
 
 

@@ -26,7 +26,7 @@ from ports.fastrope import experiment
 from ports.harness.suites import SUITES, get_suite
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from reference.case import make_inputs
-from tools._probe_kit import output_arguments, registry_arguments, write_data_file
+from tools._probe_kit import output_arguments, registry_arguments, write_requested
 
 COLUMNS = ["case", "mode", "before us", "after us", "after / before", "same-size copy us"]
 
@@ -101,11 +101,9 @@ def main(argv=None) -> int:
                 print("| " + " | ".join(rows[-1]) + " |", flush=True)
             del inputs
             torch.cuda.empty_cache()
-    if args.json:
-        write_data_file(args.json, tool="tools.source_ab_probe", argv=argv,
-                        section="fastrope's rows from two versions of rope.cu",
-                        context=" ".join(__doc__.split("\n\n")[1].split()), commit=args.commit,
-                        columns=COLUMNS, rows=rows)
+    write_requested(args, argv, tool="tools.source_ab_probe", doc=__doc__,
+                    section="fastrope's rows from two versions of rope.cu", columns=COLUMNS,
+                    rows=rows)
     return 0
 
 
