@@ -1,13 +1,14 @@
 """The probes' results data file (tools/_probe_kit.py) is one tools/results_tables.py renders,
 with the run's command, commit and machine; the A/B probe refuses a --before that is not a
 rope.cu, the table-bytes and minimal-kernel probes an unknown shape, and the probes that take
---reps a count below 1, before they need a GPU."""
+--reps a count below 1, before they need a GPU; the traffic-pattern probe's copy kernels compile
+for sm_90."""
 import json
 
 import pytest
 
 from tools import (_probe_kit, qknorm_minimal_probe, qknorm_table_bytes_probe, results_tables,
-                   rows_given_probe, source_ab_probe)
+                   rows_given_probe, source_ab_probe, traffic_pattern_probe)
 
 
 def test_write_data_file_is_a_results_table(tmp_path):
@@ -43,7 +44,8 @@ def test_qknorm_probes_refuse_an_unknown_shape(capsys, probe):
     assert "unknown shape qwen3-8b prefill 5k" in err and "qwen3-8b prefill 4k" in err
 
 
-@pytest.mark.parametrize("probe", [rows_given_probe, qknorm_minimal_probe])
+@pytest.mark.parametrize("probe", [rows_given_probe, qknorm_minimal_probe,
+                                   traffic_pattern_probe])
 def test_probes_refuse_fewer_than_one_round(capsys, probe):
     with pytest.raises(SystemExit) as e:
         probe.main(["--reps", "0"])
@@ -66,3 +68,18 @@ def test_write_requested_writes_only_where_asked(tmp_path):
     data = json.loads(path.read_text())
     assert data["context"] == "First paragraph, on two lines. More."
     assert data["commit"] == "abc1234" and data["rows"] == [["1"]]
+
+
+def test_traffic_pattern_copy_kernels_compile_for_sm90():
+    """Every copy kernel the probe launches is in its source and compiles (NVRTC, no GPU)."""
+    from ports import _cupy
+
+    try:
+        ptx, _ = _cupy.compile_source(traffic_pattern_probe.SOURCE, filename="copies.cu",
+                                      options=(), name_expressions=(), arch="sm_90",
+                                      method="ptx")
+    except Exception as e:  # noqa: BLE001 - the reason is the skip's message
+        pytest.skip(f"NVRTC cannot compile here: {e}")
+    text = ptx.decode() if isinstance(ptx, bytes) else ptx
+    for name, *_ in traffic_pattern_probe.COPIES.values():
+        assert f".entry {name}(" in text, name
