@@ -112,8 +112,9 @@ def _copy_calls(q, k) -> dict:
         q_blocks, k_blocks = -(-nq // unit), -(-nk // unit)
         args = (q.data_ptr(), qo.data_ptr(), cupy.int64(nq), k.data_ptr(), ko.data_ptr(),
                 cupy.int64(nk), cupy.int64(q_blocks))
-        calls[column] = (lambda fn=module.get_function(name), g=q_blocks + k_blocks, a=args:
-                         launch(fn, g, a))
+        # the closure holds the outputs: the kernel has only their addresses
+        calls[column] = (lambda fn=module.get_function(name), g=q_blocks + k_blocks, a=args,
+                         outs=(qo, ko): launch(fn, g, a))
         qo.fill_(float("nan"))
         ko.fill_(float("nan"))
         calls[column]()
