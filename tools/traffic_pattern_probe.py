@@ -110,7 +110,8 @@ def _copy_calls(q, k) -> dict:
         unit = 16 if rows else 256 * per_thread
         nq, nk = per(q), per(k)
         q_blocks, k_blocks = -(-nq // unit), -(-nk // unit)
-        args = (q.data_ptr(), qo.data_ptr(), cupy.int64(nq), k.data_ptr(), ko.data_ptr(),
+        args = (cupy.uint64(q.data_ptr()), cupy.uint64(qo.data_ptr()), cupy.int64(nq),
+                cupy.uint64(k.data_ptr()), cupy.uint64(ko.data_ptr()),
                 cupy.int64(nk), cupy.int64(q_blocks))
         # the closure holds the outputs: the kernel has only their addresses
         calls[column] = (lambda fn=module.get_function(name), g=q_blocks + k_blocks, a=args,
