@@ -47,15 +47,17 @@ def main(argv=None) -> int:
         return 2
     print("| case | implementation | before | after | after / before | status |")
     print("|---|---|---|---|---|---|")
+    def fmt(v):
+        return "-" if v is None else f"{v:.2f}"
+
     for r in rows:
-        fmt = (lambda v: "-" if v is None else f"{v:.2f}")
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
         print(f"| {r['case']} | {r['impl']} | {fmt(r['before'])} | {fmt(r['after'])} | {ratio} "
               f"| {r['status']} |")
     ratios = [r["ratio"] for r in rows if r["ratio"] is not None]
     if ratios:
-        print(f"\n{len(ratios)} pairs timed: after / before median {statistics.median(ratios):.3f}, "
-              f"min {min(ratios):.3f}, max {max(ratios):.3f}")
+        print(f"\n{len(ratios)} pairs timed: after / before median "
+              f"{statistics.median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}")
     changed = [r for r in rows if "->" in r["status"]]
     print(f"{len(changed)} pairs changed status")
     if args.csv:

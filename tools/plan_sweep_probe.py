@@ -8,7 +8,8 @@ thread per half (the one_half_per_thread ablation);
 and beside torch.compile of the HF rotation (the prefill suite's row: the full-width tables of the
 same angles) and a same-size copy.
 CUDA-graph us, the minimum of 3 interleaved medians; each fastrope row's output is checked
-against the design's: bit for bit, or to rounding where its math order differs. One JSON line per (case, mode) row, and a markdown table:
+against the design's: bit for bit, or to rounding where its math order differs. One JSON line
+per (case, mode) row, and a markdown table:
 
     python -m tools.plan_sweep_probe [--json FILE] [--cases I ...] [--only SETUP ...]
 """
