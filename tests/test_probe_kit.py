@@ -71,7 +71,8 @@ def test_write_requested_writes_only_where_asked(tmp_path):
 
 
 def test_traffic_pattern_copy_kernels_compile_for_sm90():
-    """Every copy kernel the probe launches is in its source and compiles (NVRTC, no GPU)."""
+    """Every copy kernel the probe launches, and its rotation, is in its source and compiles
+    (NVRTC, no GPU)."""
     from ports import _cupy
 
     try:
@@ -81,5 +82,6 @@ def test_traffic_pattern_copy_kernels_compile_for_sm90():
     except Exception as e:  # noqa: BLE001 - the reason is the skip's message
         pytest.skip(f"NVRTC cannot compile here: {e}")
     text = ptx.decode() if isinstance(ptx, bytes) else ptx
-    for name, *_ in traffic_pattern_probe.COPIES.values():
+    names = [name for name, *_ in traffic_pattern_probe.COPIES.values()]
+    for name in [*names, traffic_pattern_probe.ROTATION]:
         assert f".entry {name}(" in text, name
