@@ -15,8 +15,8 @@ import torch
 from ports.harness.env import driver_version, metadata
 from reference.tables import first_members
 
-__all__ = ["decode_inputs", "make", "output_arguments", "qknorm_shapes", "registry_arguments",
-           "write_data_file", "write_requested"]
+__all__ = ["decode_inputs", "make", "output_arguments", "parse_probe_arguments", "probe_parser",
+           "qknorm_shapes", "registry_arguments", "write_data_file", "write_requested"]
 
 
 def make(layout, shape, dtype):
@@ -86,6 +86,26 @@ def output_arguments(ap) -> None:
     """The probes' ``--json`` (a results data file, :func:`write_data_file`) and ``--commit``."""
     ap.add_argument("--json", help="write a results data file here")
     ap.add_argument("--commit", help="the tree's commit, where the checkout's git is not it")
+
+
+def probe_parser(tool: str, doc: str, *, reps: int):
+    """The parser of probe ``tools.<tool>``: its title from ``doc``'s first line, ``--reps``
+    (interleaved rounds, default ``reps``), ``--json`` and ``--commit``; a probe adds its own."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog=f"python -m {tool}", description=doc.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=reps,
+                    help=f"interleaved rounds (default {reps})")
+    output_arguments(ap)
+    return ap
+
+
+def parse_probe_arguments(ap, argv):
+    """``ap``'s arguments from ``argv``; the parser's error for fewer than one round."""
+    args = ap.parse_args(argv)
+    if args.reps < 1:
+        ap.error(f"--reps must be at least 1, got {args.reps}")
+    return args
 
 
 def qknorm_shapes(ap, names: list[str]) -> list:

@@ -15,7 +15,6 @@ written); the copy, then the reduction, in one graph.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 
 import torch
@@ -23,7 +22,7 @@ import torch
 from ports.fastrope import qknorm
 from ports.harness import qknorm_bench as bench
 from ports.harness.timing import copy_of, copy_us, graph_median_us, min_of_interleaved
-from tools._probe_kit import output_arguments, qknorm_shapes, write_requested
+from tools._probe_kit import parse_probe_arguments, probe_parser, qknorm_shapes, write_requested
 
 SHAPES = ["decode 64 tokens", "qwen3-8b prefill 4k", "qwen3-8b train 4x4k",
           "qwen3-8b prefill 32k"]
@@ -87,14 +86,9 @@ def probe(shape, reps: int) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.qknorm_minimal_probe",
-                                 description=__doc__.split("\n")[0])
+    ap = probe_parser("tools.qknorm_minimal_probe", __doc__, reps=5)
     ap.add_argument("--shapes", nargs="*", default=SHAPES)
-    ap.add_argument("--reps", type=int, default=5, help="interleaved rounds (default 5)")
-    output_arguments(ap)
-    args = ap.parse_args(argv)
-    if args.reps < 1:
-        ap.error(f"--reps must be at least 1, got {args.reps}")
+    args = parse_probe_arguments(ap, argv)
     shapes = qknorm_shapes(ap, args.shapes)
     rows = []
     print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS))

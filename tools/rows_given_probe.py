@@ -21,8 +21,6 @@ interleaved medians:
 """
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from ports import registry
@@ -30,7 +28,7 @@ from ports.fastrope import apply_rope, hf
 from ports.harness.suites import get_suite
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from reference.case import make_inputs
-from tools._probe_kit import output_arguments, write_requested
+from tools._probe_kit import parse_probe_arguments, probe_parser, write_requested
 
 ROWS = ("Liger (rows, in place)", "fastrope drop-in (rows)",
         "rows through offsets made in the call", "fastrope folded (half rows)",
@@ -66,13 +64,8 @@ def _calls(case, inputs) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.rows_given_probe",
-                                 description=__doc__.split("\n")[0])
-    ap.add_argument("--reps", type=int, default=5, help="interleaved rounds (default 5)")
-    output_arguments(ap)
-    args = ap.parse_args(argv)
-    if args.reps < 1:
-        ap.error(f"--reps must be at least 1, got {args.reps}")
+    ap = probe_parser("tools.rows_given_probe", __doc__, reps=5)
+    args = parse_probe_arguments(ap, argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU; none is visible")
     missing = registry.get("liger.rope").missing()

@@ -18,15 +18,14 @@ again on every replay.
 """
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from ports.fastrope import experiment
 from ports.harness.suites import SUITES, get_suite
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from reference.case import make_inputs
-from tools._probe_kit import output_arguments, registry_arguments, write_requested
+from tools._probe_kit import (parse_probe_arguments, probe_parser, registry_arguments,
+                              write_requested)
 
 COLUMNS = ["case", "mode", "before us", "after us", "after / before", "same-size copy us"]
 
@@ -63,20 +62,15 @@ def _step_kernel(case, inputs) -> bool:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.source_ab_probe",
-                                 description=__doc__.split("\n")[0])
+    ap = probe_parser("tools.source_ab_probe", __doc__, reps=3)
     ap.add_argument("--before", required=True, help="the other rope.cu (a file)")
     ap.add_argument("--suites", nargs="*", default=["peers", "decode"])
     ap.add_argument("--step-only", action="store_true",
                     help="only the cases the design runs on the step kernel")
-    ap.add_argument("--reps", type=int, default=3, help="interleaved rounds (default 3)")
-    output_arguments(ap)
-    args = ap.parse_args(argv)
+    args = parse_probe_arguments(ap, argv)
     bad = [s for s in args.suites if s not in SUITES]
     if bad:
         ap.error(f"unknown suite {', '.join(bad)}; known: {', '.join(SUITES)}")
-    if args.reps < 1:
-        ap.error(f"--reps must be at least 1, got {args.reps}")
     try:
         with open(args.before, encoding="utf-8") as f:
             before = experiment.Variant(source=f.read())

@@ -20,7 +20,6 @@ rotation's to equal fastrope's bit for bit (a cell reads "differs" where it does
 """
 from __future__ import annotations
 
-import argparse
 import warnings
 
 import torch
@@ -30,7 +29,8 @@ from ports.fastrope import experiment
 from ports.harness.suites import get_suite
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from reference.case import make_inputs
-from tools._probe_kit import output_arguments, registry_arguments, write_requested
+from tools._probe_kit import (parse_probe_arguments, probe_parser, registry_arguments,
+                              write_requested)
 
 SOURCE = r"""
 // Blocks [0, q_blocks) copy q, the rest k; n: the tensor's accesses (A) or rows (pairs).
@@ -227,13 +227,8 @@ def _calls(case, inputs) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tools.traffic_pattern_probe",
-                                 description=__doc__.split("\n")[0])
-    ap.add_argument("--reps", type=int, default=3, help="interleaved rounds (default 3)")
-    output_arguments(ap)
-    args = ap.parse_args(argv)
-    if args.reps < 1:
-        ap.error(f"--reps must be at least 1, got {args.reps}")
+    ap = probe_parser("tools.traffic_pattern_probe", __doc__, reps=3)
+    args = parse_probe_arguments(ap, argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU; none is visible")
     rows = []
