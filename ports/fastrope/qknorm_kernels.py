@@ -194,6 +194,17 @@ def _rstd(x1, x2, xt, eps, D: tl.constexpr):
 
 
 @triton.jit
+def _normed_and_unrotated(x1, x2, xt, g1, g2, rstd, c1, s1, c2, s2, hm, pm):
+    """The backwards' shared step for a token's head rows: the normed rows x * rstd (zero in
+    masked heads and pairs) and the gradient rotated back by -theta, dz = R(-theta) g, for the
+    pair halves; the tail's dz is its gradient itself."""
+    xh1 = tl.where(hm & pm, x1 * rstd, 0.0)
+    xh2 = tl.where(hm & pm, x2 * rstd, 0.0)
+    xht = tl.where(hm, xt * rstd, 0.0)
+    return xh1, xh2, xht, g1 * c1 + g2 * s2, g2 * c2 - g1 * s1
+
+
+@triton.jit
 def _forward_heads(x_ptr, o_ptr, w_ptr, b, s, h0, n_heads, c1, s1, c2, s2, eps,
                    sxb, sxs, sxh, sxd, sob, sos, soh, sod, sw,
                    D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
@@ -291,11 +302,8 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, token
                         HAS_TAIL)
         else:
             rstd = _rstd(x1, x2, xt, eps, D)
-            xh1 = tl.where(hm & pm, x1 * rstd, 0.0)
-            xh2 = tl.where(hm & pm, x2 * rstd, 0.0)
-            xht = tl.where(hm, xt * rstd, 0.0)
-            dz1 = g1 * c1 + g2 * s2
-            dz2 = g2 * c2 - g1 * s1
+            xh1, xh2, xht, dz1, dz2 = _normed_and_unrotated(x1, x2, xt, g1, g2, rstd, c1, s1,
+                                                            c2, s2, hm, pm)
             acc1 += dz1 * xh1
             acc2 += dz2 * xh2
             acct += gt * xht
@@ -667,11 +675,8 @@ def _backward_token(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, grp, tok0, T, S, n_he
                                         PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
                 g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
                                         PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
-                xh1 = tl.where(hm & pm, x1 * rstd, 0.0)
-                xh2 = tl.where(hm & pm, x2 * rstd, 0.0)
-                xht = tl.where(hm, xt * rstd, 0.0)
-                dz1 = g1 * c1 + g2 * s2
-                dz2 = g2 * c2 - g1 * s1
+                xh1, xh2, xht, dz1, dz2 = _normed_and_unrotated(x1, x2, xt, g1, g2, rstd, c1,
+                                                                s1, c2, s2, hm, pm)
                 acc1 += dz1 * xh1
                 acc2 += dz2 * xh2
                 acct += gt * xht
