@@ -502,6 +502,39 @@ def test_streaming_hints_only_where_the_data_outgrows_the_l2(monkeypatch, shape,
     assert not _flags(always) & kernel.PLAIN_ACCESSES
 
 
+def test_token_tile_divides_the_sequence_and_fits_the_block_and_grid():
+    assert plan.token_tile(4096, 8, 8) == 8
+    assert plan.token_tile(4100, 8, 8) == 4    # the largest that divides S
+    assert plan.token_tile(4097, 8, 8) == 1    # none: a token a block
+    assert plan.token_tile(64, 64, 8) == 4     # 64 chunk threads x 8 tokens: more than a block
+    assert plan.token_tile(8 * 70000, 8, 8) == 1  # S / 8, / 4 and / 2 past grid.y
+    assert plan.token_tile(4096, 8, 1) == 1    # the design: a token a block
+
+
+@pytest.mark.parametrize("alternative, plain", [
+    ("the step kernel in tiles of 8 tokens", False),
+    ("the step kernel in tiles of 8 tokens, plain accesses", True)])
+def test_token_tiles_alternative(monkeypatch, alternative, plain):
+    """A tuning table's token-tiles alternative: 16-bit out of place past the L2 takes the step
+    kernel with head blocks first in the grid and 8 tokens a block; in place, fp32 and the
+    design (no table) keep their plans (here, small enough: the step kernel, a token a block)."""
+    row = "16-bit out of place past the L2: token tiles"
+    kw = dict(shape=(2, 64, 6, 128), k_heads=2, tables_dtype=torch.bfloat16, l2=1024,
+              step_eligible=True, step_switches=0)
+    design = _plan(monkeypatch, **kw)
+    assert design.grid == (64, 2, 2) and not _flags(design) & kernel.TOKEN_TILES
+    assert not _flags(design) & kernel.PLAIN_ACCESSES
+    monkeypatch.setattr(plan, "RULES", plan.with_choices({row: alternative}))
+    p = _plan(monkeypatch, **kw)
+    # 8 heads of 8 chunk threads, 8 tokens: 4 head lanes a block (256 threads), 2 head blocks
+    assert p.step and p.grid == (2, 64 // 8, 2) and p.block == (8, 4, 8)
+    assert _flags(p) & kernel.TOKEN_TILES
+    assert bool(_flags(p) & kernel.PLAIN_ACCESSES) == plain
+    for other in (dict(in_place=True), dict(dtype=torch.float32, tables_dtype=torch.float32)):
+        q = _plan(monkeypatch, **{**kw, **other})
+        assert not (q.step and _flags(q) & kernel.TOKEN_TILES), other
+
+
 def test_compile_checked_instantiations_cover_the_kernel():
     """MODULE (what the sm_90 compile test builds) holds every dtype, style, angle source and
     FLAGS bit, 64-bit offsets, and the step kernel's switches."""
@@ -515,6 +548,7 @@ def test_compile_checked_instantiations_cover_the_kernel():
     switches = {int(a[6]) for a in step}
     assert kernel.RUNTIME_SWITCHES in switches
     assert all(any(sw >= 0 and sw & bit for sw in switches) for bit in (1, 2, 4, 8, 16))
+    assert any(int(a[4]) & kernel.TOKEN_TILES for a in step)  # the step kernel's own bit
     # rope_rows<T, TT, V, INTERLEAVED, COMPUTED, IDX, UNROLL, FLAGS>
     args = [n[n.index("<") + 1:-1].split(", ") for n in names if n.startswith("rope_rows<")]
     assert {a[0] for a in args} == set(kernel.CTYPE.values())

@@ -20,15 +20,17 @@ OPTIONS: tuple[str, ...] = ()  # no fast math: accurate sincos, IEEE division an
 
 # rope.cu's FLAGS template argument: each bit chooses between two ways of doing one thing, both
 # of them meaningful; plan.py's rules set them per problem (the design sets PLAIN_ACCESSES where
-# the data fits in the L2 and PAIR_PER_THREAD in place and from tables; the others are set only
-# by ablations).
+# the data fits in the L2 and PAIR_PER_THREAD in place and from tables; TOKEN_TILES where a
+# GPU's tuning table chooses the step kernel in token tiles; the others only ablations).
 TABLE_PER_HEAD = 1    # on: cos/sin loaded again for every head; off: once per token
 PLAIN_ACCESSES = 2    # on: plain loads/stores; off: streaming (evict-first) ones
 FP32_ANGLES = 4       # computed angles: on: fp32 pos * inv_freq and sincosf; off: fp64
 FLAT_INDEX = 8        # on: (b, s, h, chunk) from a flat index by div/mod per head; off: walked
 PAIR_PER_THREAD = 16  # rotate-half: on: a thread owns a chunk of each half; off: one half and
                       # loads its partners
-FLAGS = TABLE_PER_HEAD | PLAIN_ACCESSES | FP32_ANGLES | FLAT_INDEX | PAIR_PER_THREAD
+TOKEN_TILES = 32      # step kernel: on: grid (head blocks, S / T, B), T tokens a block; off:
+                      # grid (S, B, head blocks), one token a block
+FLAGS = TABLE_PER_HEAD | PLAIN_ACCESSES | FP32_ANGLES | FLAT_INDEX | PAIR_PER_THREAD | TOKEN_TILES
 
 # The element type T (and table type TT) as rope.cu spells it.
 CTYPE = {torch.float32: "float", torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
@@ -92,7 +94,10 @@ COMPILE_CHECKED = tuple(
                       step_switches(Positions.IDS, True, True, True)),
      step_kernel_name(torch.float16, torch.float32, 4, False, PAIR_PER_THREAD | PLAIN_ACCESSES, 2,
                       step_switches(Positions.ARANGE, False, True, False)),
-     step_kernel_name(torch.bfloat16, torch.float32, 8, False, PAIR_PER_THREAD))
+     step_kernel_name(torch.bfloat16, torch.float32, 8, False, PAIR_PER_THREAD),
+     step_kernel_name(torch.bfloat16, torch.bfloat16, 8, False,
+                      PAIR_PER_THREAD | PLAIN_ACCESSES | TOKEN_TILES, 1,
+                      step_switches(Positions.ARANGE, False, True, False)))
 MODULE = _cupy.CudaModule(__package__, FILENAME, kernels=COMPILE_CHECKED, options=OPTIONS)
 
 

@@ -170,6 +170,18 @@ def step_head_blocks(htot: int, chunks: int, heads: int, tokens: int, sms: int) 
     return max(fewest, min(smallest, -(-sms // tokens)))
 
 
+def token_tile(seqlen: int, chunks: int, most: int) -> int:
+    """Tokens per block of the step kernel in token tiles (kernel.TOKEN_TILES): the most, up to
+    ``most``, that divide ``seqlen`` (the kernel has no bound check on tokens), leave a block of
+    ``chunks``-thread rows room for a head lane, and keep the tiles in grid.y; 1 where none
+    does (the step kernel's usual grid, a token a block)."""
+    tile = most
+    while tile > 1 and (seqlen % tile or chunks * tile > THREADS_PER_BLOCK
+                        or seqlen // tile > MAX_GRID_Y):
+        tile //= 2
+    return max(tile, 1)
+
+
 # ---- the rules --------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)  # hashed by identity
 class Rule:
@@ -210,6 +222,13 @@ def _below_work_bound(f) -> bool:
     return f.work < step_work_bound(f.elem, f.sbhd_batches) * f.resident
 
 
+def _tiles_may_take(f) -> bool:
+    """16-bit rotate-half data from tables, out of place past the L2, in a layout the step kernel
+    takes (bshd or bhsd or one sbhd sequence) with 32-bit offsets."""
+    return (f.elem == 2 and not f.interleaved and f.tables and not f.in_place and f.past_l2
+            and not f.sbhd_batches and f.step_eligible and f.extent <= INT32_MAX)
+
+
 def _past_l2_from_tables(f) -> bool:
     return f.past_l2 and f.pair_per_thread and not f.computed
 
@@ -225,6 +244,8 @@ def _past_l2_from_tables(f) -> bool:
 #   vector_cap        at most this many elements per access (None: the widest that fits)
 #   step_kernel       rope_step: one thread per (token, chunk), no loop
 #   step_heads        heads per step-kernel thread (a function of the facts, or a number)
+#   step_tokens       step kernel: at most this many tokens a block, head blocks first in the
+#                     grid (kernel.TOKEN_TILES, token_tile); 1: a token a block, tokens first
 #   fixed_switches    the step kernel compiles the problem's switches in (off: reads them)
 #   vector            main kernel: the access width (None: the aligned width)
 #   unroll            main kernel: heads per thread per step
@@ -236,6 +257,8 @@ RULES: tuple[Rule, ...] = (
          lambda f: not f.interleaved and f.in_place, dict(pair_per_thread=True)),
     Rule("pair per thread from tables", "A thread owns both halves",
          lambda f: not f.interleaved and f.tables, dict(pair_per_thread=True)),
+    # No settings of its own (the rows kernel, streaming): a tuning table's alternative sets them.
+    Rule("16-bit out of place past the L2: token tiles", "Token tiles", _tiles_may_take, {}),
     Rule("streaming past the L2", "Cache hints", lambda f: f.past_l2, dict(streaming=True)),
     Rule("sbhd in memory order", "sbhd: tokens in memory order",
          lambda f: f.sbhd_batches and f.tokens <= INT32_MAX - MAX_TOKENS_PER_BLOCK,
@@ -260,7 +283,7 @@ RULES: tuple[Rule, ...] = (
     Rule("the default", "The launch plan", always, dict(
         pair_per_thread=False, streaming=False, table_per_head=False, flat_index=False,
         fp32_angles=False, memory_order=False, index_bits=64, vector_cap=None,
-        step_kernel=False, step_heads=1, fixed_switches=True, vector=None,
+        step_kernel=False, step_heads=1, step_tokens=1, fixed_switches=True, vector=None,
         unroll=unroll_from_work, head_splits=True)),
 )
 
@@ -287,6 +310,13 @@ ALTERNATIVES: dict[str, dict[str, dict]] = {
             step_kernel=lambda f: not f.sbhd_batches or _below_work_bound(f)),
         "the step kernel at any size for 16-bit data": dict(
             step_kernel=lambda f: (f.elem == 2 and not f.sbhd_batches) or _below_work_bound(f))},
+    "16-bit out of place past the L2: token tiles": {
+        # flash-attn's launch (8 tokens x 2 heads a program, head blocks first) in the step
+        # kernel: one thread per (token, head, chunk of each half), 8 tokens a block.
+        "the step kernel in tiles of 8 tokens": dict(step_kernel=_step_kernel_fits,
+                                                     step_tokens=8),
+        "the step kernel in tiles of 8 tokens, plain accesses": dict(
+            step_kernel=_step_kernel_fits, step_tokens=8, streaming=False)},
     "streaming past the L2": {
         "plain accesses": dict(streaming=False),
         "plain accesses out of place": dict(streaming=lambda f: f.in_place),
@@ -449,12 +479,19 @@ def choose_from(rules, p: Problem, operands: list[Operand], *, in_place: bool, b
         step_rot = rotary_dim // v if interleaved else half // v
         f.step_chunks = step_chunks = step_rot + tail_chunks
         heads = _setting(rules, "step_heads", f)
+        switches = (kernel.step_switches(p.positions, p.position_int32, p.half_table, backward)
+                    if _setting(rules, "fixed_switches", f) else kernel.RUNTIME_SWITCHES)
+        tile = token_tile(seqlen, step_chunks, _setting(rules, "step_tokens", f))
+        if tile > 1:  # head blocks first: grid (head blocks, S / tile, B)
+            head_blocks = -(-htot // (THREADS_PER_BLOCK // (step_chunks * tile) * heads))
+            lanes = -(-htot // (head_blocks * heads))
+            name = kernel.step_kernel_name(q.dtype, table_dtype, v, interleaved,
+                                           step_flags | kernel.TOKEN_TILES, heads, switches)
+            return Plan(name, (head_blocks, seqlen // tile, batch), (step_chunks, lanes, tile), 0,
+                        v, heads, 32, step_rot, tail_chunks, lanes, 0, step=True)
         head_blocks = step_head_blocks(htot, step_chunks, heads, tokens, f.sms)
         lanes = -(-htot // (head_blocks * heads))
         if head_blocks <= MAX_GRID_Y:
-            switches = (kernel.step_switches(p.positions, p.position_int32, p.half_table,
-                                             backward)
-                        if _setting(rules, "fixed_switches", f) else kernel.RUNTIME_SWITCHES)
             name = kernel.step_kernel_name(q.dtype, table_dtype, v, interleaved, step_flags,
                                            heads, switches)
             return Plan(name, (seqlen, batch, head_blocks), (step_chunks, lanes, 1), 0, v, heads,

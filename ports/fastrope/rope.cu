@@ -55,6 +55,8 @@ constexpr bool kStreamingStores = true;
 #define FLAT_INDEX 8       // on: (b, s, h, chunk) from a flat index by div/mod per head
 #define PAIR_PER_THREAD 16 // rotate-half: on: a thread owns a chunk of each half; off: one half,
                            // loading its partners
+#define TOKEN_TILES 32     // step kernel: on: grid (head blocks, S / tokens, B), a block takes
+                           // blockDim.z tokens of one head block; off: grid (S, B, head blocks)
 
 // How each token's position is found (Params.positions; problem.Positions spells the same).
 enum Positions { POSITIONS_ARANGE = 0, POSITIONS_OFFSETS = 1, POSITIONS_IDS = 2 };
@@ -605,6 +607,11 @@ __global__ void __launch_bounds__(256, ROWS_LAUNCH_MIN_BLOCKS(UNROLL, COMPUTED, 
 // with B > 1, and every offset fits 32 bits.
 //   grid  (S, B, head_blocks)   block (chunks, head lanes); lane l of block z takes heads
 //   z * lanes * HEADS + l + u * lanes, u < HEADS, and loads the token's cos/sin chunk once.
+// With TOKEN_TILES the grid puts the head blocks first: grid (head_blocks, S / T, B), block
+// (chunks, head lanes, T), a block T tokens of one head block (T divides S), and the blocks
+// that run together cover a stretch of consecutive tokens, all their heads: flash-attn's
+// launch (2 heads x 8 tokens a program). On the H200 it moves the large 16-bit prefills out
+// of place at flash-attn's speed (DESIGN.md, "Token tiles").
 // The data loads are issued first; the position (an id or offset load) and the table row that
 // depends on it follow while they are in flight. No branch separates the loads: a branch ends
 // the stretch of code the compiler schedules as one, and it then sinks later loads behind math
@@ -617,10 +624,13 @@ __global__ void __launch_bounds__(256, STEP_MIN_BLOCKS(T, TT, INTERLEAVED, HEADS
     rope_step(const StepArgs<SWITCHES> p) {
   constexpr bool STREAM = !(FLAGS & PLAIN_ACCESSES);
   constexpr bool SPLIT = !INTERLEAVED && !(FLAGS & PAIR_PER_THREAD);
+  constexpr bool TILES = FLAGS & TOKEN_TILES;
   const int hq = p.heads[0], htot = hq + p.heads[1], lanes = blockDim.y;
-  const int h0 = blockIdx.z * lanes * HEADS + threadIdx.y;
+  const int h0 = (TILES ? blockIdx.x : blockIdx.z) * lanes * HEADS + threadIdx.y;
   if (h0 >= htot) return;
-  const int s = blockIdx.x, b = blockIdx.y, chunk = threadIdx.x;
+  // TOKEN_TILES: blockDim.z divides S (the host's choice), so every token is in range.
+  const int s = TILES ? blockIdx.y * blockDim.z + threadIdx.z : blockIdx.x;
+  const int b = TILES ? blockIdx.z : blockIdx.y, chunk = threadIdx.x;
   const bool rotary = chunk < p.rot_chunks;
   const int elem = rotary ? chunk * V : 2 * p.half + (chunk - p.rot_chunks) * V;
   const bool first_half = elem < p.half;

@@ -89,6 +89,8 @@ _STEP = (_case(1, 4096, 32, "bf16"), _case(1, 2048, 32, "bf16"), _case(1, 4096, 
 # Row of plan.RULES -> the trials it is tuned on.
 TRIALS: dict[str, tuple[Trial, ...]] = {
     "step kernel below the work bound": _both(*_LARGE_16, *_FP32, *_Q_ONLY_16, *_Q_ONLY_FP32),
+    "16-bit out of place past the L2: token tiles": tuple(
+        Trial(c, False) for c in (*_LARGE_16, *_Q_ONLY_16, _case(1, 32768, 8, "bf16", None))),
     "streaming past the L2": (*_both(*_LARGE_16[:3], _FP32[1], _FP32[0],
                                      _case(1, 32768, 8, "bf16", None)),
                               *(Trial(c, False) for c in _Q_ONLY_FP32)),
