@@ -511,26 +511,36 @@ def test_token_tile_divides_the_sequence_and_fits_the_block_and_grid():
     assert plan.token_tile(4096, 8, 1) == 1    # the design: a token a block
 
 
-@pytest.mark.parametrize("alternative, plain", [
-    ("the step kernel in tiles of 8 tokens", False),
-    ("the step kernel in tiles of 8 tokens, plain accesses", True)])
-def test_token_tiles_alternative(monkeypatch, alternative, plain):
-    """A tuning table's token-tiles alternative: 16-bit out of place past the L2 takes the step
-    kernel with head blocks first in the grid and 8 tokens a block; in place, fp32 and the
-    design (no table) keep their plans (here, small enough: the step kernel, a token a block)."""
-    row = "16-bit out of place past the L2: token tiles"
-    kw = dict(shape=(2, 64, 6, 128), k_heads=2, tables_dtype=torch.bfloat16, l2=1024,
-              step_eligible=True, step_switches=0)
+_OUT_TILES = "16-bit out of place from twice the L2: token tiles"
+_IN_TILES = "16-bit in place from twice the L2: token tiles"
+
+
+@pytest.mark.parametrize("row, alternative, in_place, plain, heads", [
+    (_OUT_TILES, "the step kernel in tiles of 8 tokens", False, False, 1),
+    (_OUT_TILES, "the step kernel in tiles of 8 tokens, plain accesses", False, True, 1),
+    (_IN_TILES, "the step kernel in tiles of 8 tokens", True, False, 1),
+    (_IN_TILES, "the step kernel in tiles of 8 tokens, 2 heads a thread", True, False, 2)])
+def test_token_tiles_alternative(monkeypatch, row, alternative, in_place, plain, heads):
+    """A tuning table's token-tiles alternative: 16-bit inputs of at least twice the L2, in its
+    row's mode, take the step kernel with head blocks first in the grid and 8 tokens a block,
+    with the alternative's accesses and heads a thread; the other mode, an input below the
+    bound, fp32 and the design (no table) keep their plans (here, small enough: the step kernel,
+    a token a block)."""
+    # the input: 2 x 64 tokens x 8 heads x 128 bf16 = 256 KiB, twice a 128 KiB L2
+    kw = dict(shape=(2, 64, 6, 128), k_heads=2, tables_dtype=torch.bfloat16, l2=128 * 1024,
+              step_eligible=True, step_switches=0, in_place=in_place)
     design = _plan(monkeypatch, **kw)
     assert design.grid == (64, 2, 2) and not _flags(design) & kernel.TOKEN_TILES
     assert not _flags(design) & kernel.PLAIN_ACCESSES
     monkeypatch.setattr(plan, "RULES", plan.with_choices({row: alternative}))
     p = _plan(monkeypatch, **kw)
-    # 8 heads of 8 chunk threads, 8 tokens: 4 head lanes a block (256 threads), 2 head blocks
-    assert p.step and p.grid == (2, 64 // 8, 2) and p.block == (8, 4, 8)
-    assert _flags(p) & kernel.TOKEN_TILES
+    # 8 heads of 8 chunk threads, 8 tokens: 4 head lanes a block (256 threads), 2 head blocks;
+    # 2 heads a thread: 1 block (too little work here for the in-place rule's several heads)
+    assert p.step and p.grid == (2 // heads, 64 // 8, 2) and p.block == (8, 4, 8)
+    assert p.unroll == heads and _flags(p) & kernel.TOKEN_TILES
     assert bool(_flags(p) & kernel.PLAIN_ACCESSES) == plain
-    for other in (dict(in_place=True), dict(dtype=torch.float32, tables_dtype=torch.float32)):
+    for other in (dict(in_place=not in_place), dict(l2=128 * 1024 + 1),
+                  dict(dtype=torch.float32, tables_dtype=torch.float32)):
         q = _plan(monkeypatch, **{**kw, **other})
         assert not (q.step and _flags(q) & kernel.TOKEN_TILES), other
 

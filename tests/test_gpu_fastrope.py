@@ -736,15 +736,23 @@ def test_mid_sized_problems_take_the_step_kernel_with_the_main_kernels_bits(
         assert not torch.equal(got[0], inputs.xs[0])  # rotated
 
 
-@pytest.mark.parametrize("row", sorted(plan.ALTERNATIVES))
-def test_every_tuning_alternative_gives_the_rows_own_bits(row):
-    """Each alternative a tuning table may choose (plan.ALTERNATIVES) rotates the first case the
-    tuning command times its row on (ports.harness.tune) to the bits of the row's own settings,
-    with a plan of its own where it changes one."""
+def _first_trial_of_each_mode(row):
+    from ports.harness import tune
+
+    return [next(t for t in tune.TRIALS[row] if t.in_place == m)
+            for m in (False, True) if any(t.in_place == m for t in tune.TRIALS[row])]
+
+
+@pytest.mark.parametrize("row, trial", [(row, trial) for row in sorted(plan.ALTERNATIVES)
+                                        for trial in _first_trial_of_each_mode(row)],
+                         ids=lambda x: getattr(x, "label", x))
+def test_every_tuning_alternative_gives_the_rows_own_bits(row, trial):
+    """Each alternative a tuning table may choose (plan.ALTERNATIVES) rotates the first case of
+    each mode the tuning command times its row on (ports.harness.tune) to the bits of the row's
+    own settings, with a plan of its own where it changes one."""
     from ports.fastrope import experiment
     from ports.harness import tune
 
-    trial = tune.TRIALS[row][0]
     xs, kw = tune.trial_inputs(trial)
     own_plans = experiment.plans(*[x.clone() for x in xs], choices={}, in_place=trial.in_place,
                                  **kw)

@@ -245,6 +245,14 @@ def test_retuning_one_row_keeps_the_other_rows_choices():
     qk = dict(qknorm={"BACKWARD_PROGRAMS_PER_SM": 4}, qknorm_run=dict(commit="q"))
     kept = tune.keep_other_rows(dict(old, **qk), new, [streaming])
     assert {k: kept[k] for k in qk} == qk  # the QK-norm's entry survives a re-tune
+    # a row the plan no longer has (renamed) goes, with its run where it was the run's only row
+    gone = table("g", ["an old row's name"], {})
+    gone_run = dict(command="tune", commit="g", gpu="g", date="d", rows=["an old row's name"])
+    renamed = tune.keep_other_rows(
+        dict(old, runs=tune.runs(old) + [gone_run],
+             measurements=old["measurements"] + gone["measurements"]), new, [streaming])
+    assert [r["commit"] for r in renamed["runs"]] == ["a", "b"]
+    assert all(m["row"] != "an old row's name" for m in renamed["measurements"])
 
 
 @pytest.mark.parametrize("in_place", [False, True])

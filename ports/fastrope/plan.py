@@ -223,9 +223,11 @@ def _below_work_bound(f) -> bool:
 
 
 def _tiles_may_take(f) -> bool:
-    """16-bit rotate-half data from tables, out of place past the L2, in a layout the step kernel
-    takes (bshd or bhsd or one sbhd sequence) with 32-bit offsets."""
-    return (f.elem == 2 and not f.interleaved and f.tables and not f.in_place and f.past_l2
+    """16-bit rotate-half data from tables, an input (the bytes read) of at least twice the L2,
+    in a layout the step kernel takes (bshd or bhsd or one sbhd sequence) with 32-bit offsets. On
+    the H200 the tiles lost 2-7% to the rows kernel on 67 MB inputs (just past its 60 MiB L2) and
+    won up to 8% from 134 MB (DESIGN.md, "Token tiles")."""
+    return (f.elem == 2 and not f.interleaved and f.tables and f.input_bytes >= 2 * f.l2
             and not f.sbhd_batches and f.step_eligible and f.extent <= INT32_MAX)
 
 
@@ -257,8 +259,12 @@ RULES: tuple[Rule, ...] = (
          lambda f: not f.interleaved and f.in_place, dict(pair_per_thread=True)),
     Rule("pair per thread from tables", "A thread owns both halves",
          lambda f: not f.interleaved and f.tables, dict(pair_per_thread=True)),
-    # No settings of its own (the rows kernel, streaming): a tuning table's alternative sets them.
-    Rule("16-bit out of place past the L2: token tiles", "Token tiles", _tiles_may_take, {}),
+    # No settings of their own (the rows kernel, streaming): a tuning table's alternative sets
+    # them.
+    Rule("16-bit out of place from twice the L2: token tiles", "Token tiles",
+         lambda f: _tiles_may_take(f) and not f.in_place, {}),
+    Rule("16-bit in place from twice the L2: token tiles", "Token tiles",
+         lambda f: _tiles_may_take(f) and f.in_place, {}),
     Rule("streaming past the L2", "Cache hints", lambda f: f.past_l2, dict(streaming=True)),
     Rule("sbhd in memory order", "sbhd: tokens in memory order",
          lambda f: f.sbhd_batches and f.tokens <= INT32_MAX - MAX_TOKENS_PER_BLOCK,
@@ -310,13 +316,19 @@ ALTERNATIVES: dict[str, dict[str, dict]] = {
             step_kernel=lambda f: not f.sbhd_batches or _below_work_bound(f)),
         "the step kernel at any size for 16-bit data": dict(
             step_kernel=lambda f: (f.elem == 2 and not f.sbhd_batches) or _below_work_bound(f))},
-    "16-bit out of place past the L2: token tiles": {
-        # flash-attn's launch (8 tokens x 2 heads a program, head blocks first) in the step
-        # kernel: one thread per (token, head, chunk of each half), 8 tokens a block.
+    # flash-attn's launch (8 tokens x 2 heads a program, head blocks first) in the step kernel:
+    # one thread per (token, head, chunk of each half), 8 tokens a block; the streaming row's
+    # accesses or plain ones; in place, the heads a thread the next rows give or 2.
+    "16-bit out of place from twice the L2: token tiles": {
         "the step kernel in tiles of 8 tokens": dict(step_kernel=_step_kernel_fits,
                                                      step_tokens=8),
         "the step kernel in tiles of 8 tokens, plain accesses": dict(
             step_kernel=_step_kernel_fits, step_tokens=8, streaming=False)},
+    "16-bit in place from twice the L2: token tiles": {
+        "the step kernel in tiles of 8 tokens": dict(step_kernel=_step_kernel_fits,
+                                                     step_tokens=8),
+        "the step kernel in tiles of 8 tokens, 2 heads a thread": dict(
+            step_kernel=_step_kernel_fits, step_tokens=8, step_heads=2)},
     "streaming past the L2": {
         "plain accesses": dict(streaming=False),
         "plain accesses out of place": dict(streaming=lambda f: f.in_place),
@@ -411,12 +423,13 @@ def choose_from(rules, p: Problem, operands: list[Operand], *, in_place: bool, b
     for op in operands:
         for st in (op.src_strides, op.dst_strides):
             extent = max(extent, _max_offset(zip((batch, seqlen, op.heads), st)) + head_dim)
-    # The data the call reads and writes (the cos/sin rows left out), against the L2.
-    data_bytes = tokens * htot * head_dim * elem * (1 if in_place else 2)
+    # The data the call reads, and reads and writes (the cos/sin rows left out), against the L2.
+    input_bytes = tokens * htot * head_dim * elem
+    data_bytes = input_bytes * (1 if in_place else 2)
     f = SimpleNamespace(
         interleaved=interleaved, computed=computed, tables=not computed, in_place=in_place,
         elem=elem, batch=batch, tokens=tokens, htot=htot, extent=extent,
-        past_l2=data_bytes > l2_bytes(device),
+        input_bytes=input_bytes, l2=l2_bytes(device), past_l2=data_bytes > l2_bytes(device),
         sbhd_batches=batch > 1 and all(op.src_strides[1] > op.src_strides[0]
                                        for op in operands),
         step_eligible=_step_eligible(p), sms=sm_count(device),

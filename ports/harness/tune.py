@@ -89,8 +89,12 @@ _STEP = (_case(1, 4096, 32, "bf16"), _case(1, 2048, 32, "bf16"), _case(1, 4096, 
 # Row of plan.RULES -> the trials it is tuned on.
 TRIALS: dict[str, tuple[Trial, ...]] = {
     "step kernel below the work bound": _both(*_LARGE_16, *_FP32, *_Q_ONLY_16, *_Q_ONLY_FP32),
-    "16-bit out of place past the L2: token tiles": tuple(
-        Trial(c, False) for c in (*_LARGE_16, *_Q_ONLY_16, _case(1, 32768, 8, "bf16", None))),
+    # the q-only 1x32768x8 (a 67 MB input) is below the rows' bound, 1x32768x16 just above it
+    "16-bit out of place from twice the L2: token tiles": tuple(
+        Trial(c, False) for c in (*_LARGE_16, *_Q_ONLY_16, _case(1, 32768, 8, "bf16", None),
+                                  _case(1, 32768, 16, "bf16", None))),
+    "16-bit in place from twice the L2: token tiles": tuple(
+        Trial(c, True) for c in (*_LARGE_16, *_Q_ONLY_16, _case(1, 32768, 8, "bf16", None))),
     "streaming past the L2": (*_both(*_LARGE_16[:3], _FP32[1], _FP32[0],
                                      _case(1, 32768, 8, "bf16", None)),
                               *(Trial(c, False) for c in _Q_ONLY_FP32)),
@@ -224,12 +228,15 @@ def runs(table: dict) -> list[dict]:
 
 def keep_other_rows(old: dict, new: dict, rows: list[str]) -> dict:
     """``new``, a run over ``rows``, with the choices, scores and measurements of the family's
-    other rows kept from ``old``, its earlier table; ``runs`` says which run measured which rows
-    (so ``--rows`` re-times one row without dropping the others' choices)."""
+    other rows kept from ``old``, its earlier table (rows the plan still has); ``runs`` says which
+    run measured which rows (so ``--rows`` re-times one row without dropping the others'
+    choices)."""
     if old.get("family") != new["family"]:
         return new
     order = list(TRIALS)
-    earlier = [dict(run, rows=[r for r in run["rows"] if r not in rows]) for run in runs(old)]
+    # a row the plan no longer has (renamed or removed) goes with its run's record of it
+    earlier = [dict(run, rows=[r for r in run["rows"] if r not in rows and r in order])
+               for run in runs(old)]
     earlier = [run for run in earlier if run["rows"]]
     other = {r for run in earlier for r in run["rows"]}
 
