@@ -225,8 +225,8 @@ def _below_work_bound(f) -> bool:
 def _tiles_may_take(f) -> bool:
     """16-bit rotate-half data from tables, an input (the bytes read) of at least twice the L2,
     in a layout the step kernel takes (bshd or bhsd or one sbhd sequence) with 32-bit offsets. On
-    the H200 the tiles lost 2-7% to the rows kernel on 67 MB inputs (just past its 60 MiB L2) and
-    won up to 8% from 134 MB (DESIGN.md, "Token tiles")."""
+    the H200 the tiles lost 1-7% to the rows kernel on 67 MB inputs (just past its 60 MiB L2) and
+    won up to 7% from 134 MB (DESIGN.md, "Token tiles")."""
     return (f.elem == 2 and not f.interleaved and f.tables and f.input_bytes >= 2 * f.l2
             and not f.sbhd_batches and f.step_eligible and f.extent <= INT32_MAX)
 
