@@ -6,6 +6,7 @@ for sm_90."""
 import json
 
 import pytest
+import torch
 
 from tools import (_probe_kit, qknorm_minimal_probe, qknorm_table_bytes_probe, results_tables,
                    rows_given_probe, source_ab_probe, traffic_pattern_probe)
@@ -85,3 +86,13 @@ def test_traffic_pattern_copy_kernels_compile_for_sm90():
     names = [name for name, *_ in traffic_pattern_probe.COPIES.values()]
     for name in [*names, traffic_pattern_probe.ROTATION]:
         assert f".entry {name}(" in text, name
+
+
+@pytest.mark.skipif(torch.cuda.is_available(),
+                    reason="checks the refusal on a machine without a GPU")
+@pytest.mark.parametrize("probe", [rows_given_probe, traffic_pattern_probe])
+def test_probes_refuse_a_machine_without_a_gpu(capsys, probe):
+    with pytest.raises(SystemExit) as e:
+        probe.main([])
+    assert e.value.code == 2
+    assert "needs a CUDA GPU; none is visible" in capsys.readouterr().err

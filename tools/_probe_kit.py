@@ -16,7 +16,8 @@ from ports.harness.env import driver_version, metadata
 from reference.tables import first_members
 
 __all__ = ["decode_inputs", "make", "output_arguments", "parse_probe_arguments", "probe_parser",
-           "qknorm_shapes", "registry_arguments", "write_data_file", "write_requested"]
+           "qknorm_shapes", "registry_arguments", "require_gpu", "write_data_file",
+           "write_requested"]
 
 
 def make(layout, shape, dtype):
@@ -108,6 +109,12 @@ def parse_probe_arguments(ap, argv):
     return args
 
 
+def require_gpu(ap) -> None:
+    """The parser's error on a machine without a CUDA GPU (after the arguments are checked)."""
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU; none is visible")
+
+
 def qknorm_shapes(ap, names: list[str]) -> list:
     """The qknorm suite's shapes (``qknorm_bench.SHAPES``) named ``names``, in order; the
     parser's error for an unknown name, then for a machine without a CUDA GPU."""
@@ -117,6 +124,5 @@ def qknorm_shapes(ap, names: list[str]) -> list:
     bad = [n for n in names if n not in known]
     if bad:
         ap.error(f"unknown shape {', '.join(bad)}; known: {', '.join(known)}")
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA GPU; none is visible")
+    require_gpu(ap)
     return [known[n] for n in names]

@@ -28,7 +28,8 @@ from ports.fastrope import apply_rope, hf
 from ports.harness.suites import get_suite
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from reference.case import make_inputs
-from tools._probe_kit import parse_probe_arguments, probe_parser, write_requested
+from tools._probe_kit import (parse_probe_arguments, probe_parser, require_gpu,
+                              write_requested)
 
 ROWS = ("Liger (rows, in place)", "fastrope drop-in (rows)",
         "rows through offsets made in the call", "fastrope folded (half rows)",
@@ -66,8 +67,7 @@ def _calls(case, inputs) -> dict:
 def main(argv=None) -> int:
     ap = probe_parser("tools.rows_given_probe", __doc__, reps=5)
     args = parse_probe_arguments(ap, argv)
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA GPU; none is visible")
+    require_gpu(ap)
     missing = registry.get("liger.rope").missing()
     if missing:
         ap.error(missing)

@@ -25,7 +25,7 @@ from ports.harness.suites import SUITES, get_suite
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from reference.case import make_inputs
 from tools._probe_kit import (parse_probe_arguments, probe_parser, registry_arguments,
-                              write_requested)
+                              require_gpu, write_requested)
 
 COLUMNS = ["case", "mode", "before us", "after us", "after / before", "same-size copy us"]
 
@@ -76,8 +76,7 @@ def main(argv=None) -> int:
             before = experiment.Variant(source=f.read())
     except (OSError, ValueError) as e:
         ap.error(f"--before {args.before}: {e}")
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA GPU; none is visible")
+    require_gpu(ap)
     variants = {"after": experiment.DESIGN, "before": before}
     rows = []
     print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS))

@@ -30,7 +30,7 @@ from ports.harness.suites import get_suite
 from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from reference.case import make_inputs
 from tools._probe_kit import (parse_probe_arguments, probe_parser, registry_arguments,
-                              write_requested)
+                              require_gpu, write_requested)
 
 SOURCE = r"""
 // Blocks [0, q_blocks) copy q, the rest k; n: the tensor's accesses (A) or rows (pairs).
@@ -229,8 +229,7 @@ def _calls(case, inputs) -> dict:
 def main(argv=None) -> int:
     ap = probe_parser("tools.traffic_pattern_probe", __doc__, reps=3)
     args = parse_probe_arguments(ap, argv)
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA GPU; none is visible")
+    require_gpu(ap)
     rows = []
     print("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS))
     for case in cases():
