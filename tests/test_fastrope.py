@@ -511,8 +511,8 @@ def test_token_tile_divides_the_sequence_and_fits_the_block_and_grid():
     assert plan.token_tile(4096, 8, 1) == 1    # the design: a token a block
 
 
-_OUT_TILES = "16-bit out of place from twice the L2: token tiles"
-_IN_TILES = "16-bit in place from twice the L2: token tiles"
+_OUT_TILES = "out of place from twice the L2: token tiles"
+_IN_TILES = "in place from twice the L2: token tiles"
 
 
 @pytest.mark.parametrize("row, alternative, in_place, plain, heads", [
@@ -521,17 +521,19 @@ _IN_TILES = "16-bit in place from twice the L2: token tiles"
     (_IN_TILES, "the step kernel in tiles of 8 tokens", True, False, 1),
     (_IN_TILES, "the step kernel in tiles of 8 tokens, 2 heads a thread", True, False, 2)])
 def test_token_tiles_alternative(monkeypatch, row, alternative, in_place, plain, heads):
-    """A tuning table's token-tiles alternative: 16-bit inputs of at least twice the L2, in its
-    row's mode, take the step kernel with head blocks first in the grid and 8 tokens a block,
-    with the alternative's accesses and heads a thread; the other mode, an input below the
-    bound, fp32 and the design (no table) keep their plans (here, small enough: the step kernel,
-    a token a block)."""
+    """A tuning table's token-tiles alternative: inputs of at least twice the L2, in its row's
+    mode, take the step kernel with head blocks first in the grid and 8 tokens a block, with the
+    alternative's accesses and heads a thread; the other mode, an input below the bound, the
+    interleaved style and the design (no table) keep their plans (here, small enough: the step
+    kernel, a token a block)."""
     # the input: 2 x 64 tokens x 8 heads x 128 bf16 = 256 KiB, twice a 128 KiB L2
     kw = dict(shape=(2, 64, 6, 128), k_heads=2, tables_dtype=torch.bfloat16, l2=128 * 1024,
               step_eligible=True, step_switches=0, in_place=in_place)
     design = _plan(monkeypatch, **kw)
     assert design.grid == (64, 2, 2) and not _flags(design) & kernel.TOKEN_TILES
     assert not _flags(design) & kernel.PLAIN_ACCESSES
+    others = (dict(in_place=not in_place), dict(l2=128 * 1024 + 1), dict(interleaved=True))
+    others_design = [_plan(monkeypatch, **{**kw, **other}) for other in others]
     monkeypatch.setattr(plan, "RULES", plan.with_choices({row: alternative}))
     p = _plan(monkeypatch, **kw)
     # 8 heads of 8 chunk threads, 8 tokens: 4 head lanes a block (256 threads), 2 head blocks;
@@ -539,10 +541,41 @@ def test_token_tiles_alternative(monkeypatch, row, alternative, in_place, plain,
     assert p.step and p.grid == (2 // heads, 64 // 8, 2) and p.block == (8, 4, 8)
     assert p.unroll == heads and _flags(p) & kernel.TOKEN_TILES
     assert bool(_flags(p) & kernel.PLAIN_ACCESSES) == plain
-    for other in (dict(in_place=not in_place), dict(l2=128 * 1024 + 1),
-                  dict(dtype=torch.float32, tables_dtype=torch.float32)):
-        q = _plan(monkeypatch, **{**kw, **other})
-        assert not (q.step and _flags(q) & kernel.TOKEN_TILES), other
+    for other, own in zip(others, others_design):
+        assert _plan(monkeypatch, **{**kw, **other}) == own, other
+    # a sequence no tile divides: the rows kernel (which every input this large takes on an
+    # H100 or H200: past the step kernel's work bound)
+    assert not _plan(monkeypatch, **{**kw, "shape": (2, 65, 6, 128)}).step
+    # fp32: 16 chunk threads of 4 elements, 2 head lanes of 8 tokens a block
+    p = _plan(monkeypatch, **{**kw, "dtype": torch.float32, "tables_dtype": torch.float32})
+    assert p.step and p.grid == (4 // heads, 64 // 8, 2) and p.block == (16, 2, 8)
+
+
+@pytest.mark.parametrize("batch, tile", [(2, 2), (6, 2), (8, 8), (16, 8), (3, 1)])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_token_tiles_run_across_the_batch_in_sbhd(monkeypatch, batch, tile, in_place):
+    """In sbhd with B > 1 the tiles run across the batch: grid (head blocks, B / tile, S), a
+    block one position of ``tile`` sequences (consecutive in memory), BATCH_TILES set; a batch
+    no tile divides takes the rows kernel."""
+    row = _IN_TILES if in_place else _OUT_TILES
+    # 64 tokens x 8 heads x 128 bf16 a sequence: 128 KiB, so the input is twice a 64 KiB x B L2
+    kw = dict(shape=(batch, 64, 6, 128), k_heads=2, tables_dtype=torch.bfloat16,
+              l2=64 * 1024 * batch, step_eligible=True, step_switches=0, in_place=in_place,
+              layout="sbhd")
+    design = _plan(monkeypatch, **kw)
+    assert not _flags(design) & kernel.TOKEN_TILES
+    monkeypatch.setattr(plan, "RULES",
+                        plan.with_choices({row: "the step kernel in tiles of 8 tokens"}))
+    p = _plan(monkeypatch, **kw)
+    if tile == 1:  # the rows kernel, in memory order
+        assert not p.step and p.fold == batch
+        return
+    lanes = min(8, 256 // (8 * tile))
+    assert p.step and p.grid == (8 // lanes, batch // tile, 64) and p.block == (8, lanes, tile)
+    assert _flags(p) & kernel.TOKEN_TILES and _flags(p) & kernel.BATCH_TILES
+    # bshd: the tiles run along the sequence, BATCH_TILES off
+    q = _plan(monkeypatch, **{**kw, "layout": "bshd"})
+    assert q.grid[1:] == (64 // 8, batch) and not _flags(q) & kernel.BATCH_TILES
 
 
 def test_compile_checked_instantiations_cover_the_kernel():
@@ -651,18 +684,20 @@ def test_vector_width_satisfies_every_constraint(seed):
 def _plan(monkeypatch, shape=(2, 16, 4, 128), dtype=torch.bfloat16, rotary_dim=None, k_heads=None,
           interleaved=False, computed=False, in_place=False, src_strides=None,
           tables_dtype=torch.float32, l2=H100_L2_BYTES, step_eligible=False, step_switches=None,
-          **changes):
-    """The plan of a bshd problem. ``step_eligible=False`` keeps the step kernel off (the
-    caller's conditions unmet); ``step_switches`` (kernel.step_switches) gives the position
-    form, id width, table width and direction (None: read at run time, the runtime_switches
-    ablation); ``changes``: rules put before the design's (:func:`_rows`)."""
+          layout="bshd", **changes):
+    """The plan of a bshd (or sbhd) problem ``shape`` (b, s, h, d). ``step_eligible=False``
+    keeps the step kernel off (the caller's conditions unmet); ``step_switches``
+    (kernel.step_switches) gives the position form, id width, table width and direction (None:
+    read at run time, the runtime_switches ablation); ``changes``: rules put before the design's
+    (:func:`_rows`)."""
     monkeypatch.setattr(plan, "sm_count", lambda index: 132)
     monkeypatch.setattr(plan, "l2_bytes", lambda index: l2)
     b, s, h, d = shape
     rot = d if rotary_dim is None else rotary_dim
     ops = []
     for heads in (h,) + ((k_heads,) if k_heads else ()):
-        x = rand(b, s, heads, d, dtype=dtype)
+        x = (rand(b, s, heads, d, dtype=dtype) if layout == "bshd"
+             else rand(s, b, heads, d, dtype=dtype).transpose(0, 1))
         out = x if in_place else torch.empty_like(x)
         st = lambda t: (t.stride(0), t.stride(1), t.stride(2))
         ops.append(plan.Operand(x, out, heads, src_strides or st(x), st(out)))
@@ -670,7 +705,7 @@ def _plan(monkeypatch, shape=(2, 16, 4, 128), dtype=torch.bfloat16, rotary_dim=N
     cos, sin = (None, None) if computed else (rand(s, rot).to(tables_dtype),
                                               rand(s, rot).to(tables_dtype))
     p = problem.Problem(
-        layout="bshd", interleaved=interleaved, batch=b, seqlen=s, head_dim=d, rotary_dim=rot,
+        layout=layout, interleaved=interleaved, batch=b, seqlen=s, head_dim=d, rotary_dim=rot,
         computed=computed, table_dtype=None if computed else tables_dtype,
         table_rows=0 if computed else s, table_stride=0 if computed else rot,
         tables_need_copy=False, half_table=bool(sw >> 3 & 1), default_inv_freq=None,

@@ -770,6 +770,42 @@ def test_every_tuning_alternative_gives_the_rows_own_bits(row, trial):
     assert not torch.equal(own[0], xs[0])  # rotated
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("batch", [2, 6, 8])
+@pytest.mark.parametrize("in_place", [False, True], ids=["out-of-place", "in-place"])
+def test_token_tiles_across_the_batch(monkeypatch, dtype, batch, in_place):
+    """sbhd with B > 1 in token tiles (the tiles run across the batch, kernel.BATCH_TILES), with
+    each sequence at its own offset: within the oracle's tolerance, every element written, and
+    the design's bits. The L2 is taken as 64 KiB so the tiles' rows hold on a small input."""
+    from ports.fastrope import experiment
+
+    case = RopeCase(batch, 48, 6, 128, layout="sbhd", dtype=dtype, kv_heads=2,
+                    positions="offset", max_position=4096, label="tiles across the batch")
+    inputs = make_inputs(case, _seed(case), DEV)
+    kw = _kwargs(case, inputs)
+    monkeypatch.setattr(plan, "l2_bytes", lambda index: 64 * 1024)
+    row = f"{'in' if in_place else 'out of'} place from twice the L2: token tiles"
+    choice = {row: "the step kernel in tiles of 8 tokens"}
+    tiles = experiment.plans(*inputs.xs, choices=choice, in_place=in_place, **kw)
+    assert all(p.step and _flag_bits(p) & kernel.BATCH_TILES for p in tiles), tiles
+
+    def rotate(choices):  # fresh outputs NaN-poisoned
+        xs = [x.clone() for x in inputs.xs]
+        with _alloc.poisoned():
+            got = experiment.apply_rope(*xs, choices=choices, in_place=in_place, **kw)
+        return xs if in_place else list(_tuple(got))
+
+    got = rotate(choice)
+    _assert_matches_oracle(case, inputs, got)
+    assert all(_same_bits(a, b) for a, b in zip(got, rotate({})))
+
+
+def _flag_bits(p) -> int:
+    """The FLAGS template argument of a plan's kernel."""
+    args = p.kernel[p.kernel.index("<") + 1:-1].split(", ")
+    return int(args[4] if p.step else args[7])
+
+
 def _design(in_place):
     return apply_rope_inplace if in_place else apply_rope
 

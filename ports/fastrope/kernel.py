@@ -30,7 +30,10 @@ PAIR_PER_THREAD = 16  # rotate-half: on: a thread owns a chunk of each half; off
                       # loads its partners
 TOKEN_TILES = 32      # step kernel: on: grid (head blocks, S / T, B), T tokens a block; off:
                       # grid (S, B, head blocks), one token a block
-FLAGS = TABLE_PER_HEAD | PLAIN_ACCESSES | FP32_ANGLES | FLAT_INDEX | PAIR_PER_THREAD | TOKEN_TILES
+BATCH_TILES = 64      # with TOKEN_TILES: on: grid (head blocks, B / T, S), a block one position
+                      # of T sequences (sbhd with B > 1: consecutive in memory); off: as above
+FLAGS = (TABLE_PER_HEAD | PLAIN_ACCESSES | FP32_ANGLES | FLAT_INDEX | PAIR_PER_THREAD | TOKEN_TILES
+         | BATCH_TILES)
 
 # The element type T (and table type TT) as rope.cu spells it.
 CTYPE = {torch.float32: "float", torch.float16: "__half", torch.bfloat16: "__nv_bfloat16"}
@@ -97,7 +100,10 @@ COMPILE_CHECKED = tuple(
      step_kernel_name(torch.bfloat16, torch.float32, 8, False, PAIR_PER_THREAD),
      step_kernel_name(torch.bfloat16, torch.bfloat16, 8, False,
                       PAIR_PER_THREAD | PLAIN_ACCESSES | TOKEN_TILES, 1,
-                      step_switches(Positions.ARANGE, False, True, False)))
+                      step_switches(Positions.ARANGE, False, True, False)),
+     step_kernel_name(torch.float32, torch.float32, 4, False,
+                      PAIR_PER_THREAD | TOKEN_TILES | BATCH_TILES, 2,
+                      step_switches(Positions.OFFSETS, False, True, False)))
 MODULE = _cupy.CudaModule(__package__, FILENAME, kernels=COMPILE_CHECKED, options=OPTIONS)
 
 

@@ -21,6 +21,10 @@ Everything here is plain integer arithmetic on shapes, strides and addresses:
   (token, chunk) and one head (in place on L2-sized 16-bit prefills, 2 or 4:
   ``step_heads_filling_warps``), grid (S, B, head blocks), 32-bit fields, the problem's switches
   (position form, id width, table width, direction) compiled in.
+* inputs of at least twice the L2 take the step kernel in token tiles where a GPU's tuning table
+  chooses them (the H200 out of place): grid (head blocks, S / 8, B), 8 tokens a block, so the
+  blocks that run together cover consecutive tokens with all their heads; in sbhd with B > 1
+  the tiles run across the batch, which is consecutive in memory.
 
 Every decision is a row of :data:`RULES`: a name, the condition on the problem's facts under
 which it holds, and the settings it gives; :func:`choose` looks each setting up in the table
@@ -223,12 +227,27 @@ def _below_work_bound(f) -> bool:
 
 
 def _tiles_may_take(f) -> bool:
-    """16-bit rotate-half data from tables, an input (the bytes read) of at least twice the L2,
-    in a layout the step kernel takes (bshd or bhsd or one sbhd sequence) with 32-bit offsets. On
-    the H200 the tiles lost 1-7% to the rows kernel on 67 MB inputs (just past its 60 MiB L2) and
-    won up to 7% from 134 MB (DESIGN.md, "Token tiles")."""
-    return (f.elem == 2 and not f.interleaved and f.tables and f.input_bytes >= 2 * f.l2
-            and not f.sbhd_batches and f.step_eligible and f.extent <= INT32_MAX)
+    """Rotate-half data from tables, an input (the bytes read) of at least twice the L2, with
+    32-bit offsets and the step kernel's fields. On the H200 the tiles lost 1-7% to the rows
+    kernel on 16-bit inputs of 67 MB (just past its 60 MiB L2) and won up to 7% from 134 MB, in
+    fp32 and in sbhd with batches too (DESIGN.md, "Token tiles")."""
+    return (not f.interleaved and f.tables and f.input_bytes >= 2 * f.l2 and f.step_eligible
+            and f.extent <= INT32_MAX)
+
+
+# Tokens a block of the step kernel in token tiles, as the tiles rows' alternatives set it.
+TILE_TOKENS = 8
+
+
+def _in_tiles(f, most: int = TILE_TOKENS) -> bool:
+    """The step kernel takes the problem in tiles of more than one token, at most ``most``:
+    its fields fit, a tile divides the sequence (the batch for sbhd with B > 1: the tiles run
+    across it, positions in grid.z) and fits the block and the grid (:func:`token_tile`)."""
+    if f.sbhd_batches:
+        fits = f.seqlen <= MAX_GRID_Y and token_tile(f.batch, f.chunks, most) > 1
+    else:
+        fits = token_tile(f.seqlen, f.chunks, most) > 1
+    return _step_kernel_fits(f) and fits
 
 
 def _past_l2_from_tables(f) -> bool:
@@ -247,7 +266,9 @@ def _past_l2_from_tables(f) -> bool:
 #   step_kernel       rope_step: one thread per (token, chunk), no loop
 #   step_heads        heads per step-kernel thread (a function of the facts, or a number)
 #   step_tokens       step kernel: at most this many tokens a block, head blocks first in the
-#                     grid (kernel.TOKEN_TILES, token_tile); 1: a token a block, tokens first
+#                     grid (kernel.TOKEN_TILES, token_tile; sbhd with B > 1: the tokens of that
+#                     many sequences at one position, kernel.BATCH_TILES); 1: a token a block,
+#                     tokens first
 #   fixed_switches    the step kernel compiles the problem's switches in (off: reads them)
 #   vector            main kernel: the access width (None: the aligned width)
 #   unroll            main kernel: heads per thread per step
@@ -261,9 +282,9 @@ RULES: tuple[Rule, ...] = (
          lambda f: not f.interleaved and f.tables, dict(pair_per_thread=True)),
     # No settings of their own (the rows kernel, streaming): a tuning table's alternative sets
     # them.
-    Rule("16-bit out of place from twice the L2: token tiles", "Token tiles",
+    Rule("out of place from twice the L2: token tiles", "Token tiles",
          lambda f: _tiles_may_take(f) and not f.in_place, {}),
-    Rule("16-bit in place from twice the L2: token tiles", "Token tiles",
+    Rule("in place from twice the L2: token tiles", "Token tiles",
          lambda f: _tiles_may_take(f) and f.in_place, {}),
     Rule("streaming past the L2", "Cache hints", lambda f: f.past_l2, dict(streaming=True)),
     Rule("sbhd in memory order", "sbhd: tokens in memory order",
@@ -317,18 +338,19 @@ ALTERNATIVES: dict[str, dict[str, dict]] = {
         "the step kernel at any size for 16-bit data": dict(
             step_kernel=lambda f: (f.elem == 2 and not f.sbhd_batches) or _below_work_bound(f))},
     # flash-attn's launch (8 tokens x 2 heads a program, head blocks first) in the step kernel:
-    # one thread per (token, head, chunk of each half), 8 tokens a block; the streaming row's
-    # accesses or plain ones; in place, the heads a thread the next rows give or 2.
-    "16-bit out of place from twice the L2: token tiles": {
-        "the step kernel in tiles of 8 tokens": dict(step_kernel=_step_kernel_fits,
-                                                     step_tokens=8),
+    # one thread per (token, head, chunk of each half), 8 tokens a block (in sbhd with B > 1, 8
+    # sequences at one position); the streaming row's accesses or plain ones; in place, the heads
+    # a thread the next rows give or 2.
+    "out of place from twice the L2: token tiles": {
+        "the step kernel in tiles of 8 tokens": dict(step_kernel=_in_tiles,
+                                                     step_tokens=TILE_TOKENS),
         "the step kernel in tiles of 8 tokens, plain accesses": dict(
-            step_kernel=_step_kernel_fits, step_tokens=8, streaming=False)},
-    "16-bit in place from twice the L2: token tiles": {
-        "the step kernel in tiles of 8 tokens": dict(step_kernel=_step_kernel_fits,
-                                                     step_tokens=8),
+            step_kernel=_in_tiles, step_tokens=TILE_TOKENS, streaming=False)},
+    "in place from twice the L2: token tiles": {
+        "the step kernel in tiles of 8 tokens": dict(step_kernel=_in_tiles,
+                                                     step_tokens=TILE_TOKENS),
         "the step kernel in tiles of 8 tokens, 2 heads a thread": dict(
-            step_kernel=_step_kernel_fits, step_tokens=8, step_heads=2)},
+            step_kernel=_in_tiles, step_tokens=TILE_TOKENS, step_heads=2)},
     "streaming past the L2": {
         "plain accesses": dict(streaming=False),
         "plain accesses out of place": dict(streaming=lambda f: f.in_place),
@@ -428,7 +450,7 @@ def choose_from(rules, p: Problem, operands: list[Operand], *, in_place: bool, b
     data_bytes = input_bytes * (1 if in_place else 2)
     f = SimpleNamespace(
         interleaved=interleaved, computed=computed, tables=not computed, in_place=in_place,
-        elem=elem, batch=batch, tokens=tokens, htot=htot, extent=extent,
+        elem=elem, batch=batch, seqlen=seqlen, tokens=tokens, htot=htot, extent=extent,
         input_bytes=input_bytes, l2=l2_bytes(device), past_l2=data_bytes > l2_bytes(device),
         sbhd_batches=batch > 1 and all(op.src_strides[1] > op.src_strides[0]
                                        for op in operands),
@@ -494,14 +516,23 @@ def choose_from(rules, p: Problem, operands: list[Operand], *, in_place: bool, b
         heads = _setting(rules, "step_heads", f)
         switches = (kernel.step_switches(p.positions, p.position_int32, p.half_table, backward)
                     if _setting(rules, "fixed_switches", f) else kernel.RUNTIME_SWITCHES)
-        tile = token_tile(seqlen, step_chunks, _setting(rules, "step_tokens", f))
-        if tile > 1:  # head blocks first: grid (head blocks, S / tile, B)
+        # sbhd with B > 1: the tiles run across the batch (a block one position of `tile`
+        # sequences, consecutive in memory), the positions in grid.z.
+        across = f.sbhd_batches
+        tile = token_tile(batch if across else seqlen, step_chunks,
+                          _setting(rules, "step_tokens", f))
+        if tile > 1 and (not across or seqlen <= MAX_GRID_Y):
+            # head blocks first: grid (head blocks, S / tile, B), across the batch (head blocks,
+            # B / tile, S)
             head_blocks = -(-htot // (THREADS_PER_BLOCK // (step_chunks * tile) * heads))
             lanes = -(-htot // (head_blocks * heads))
+            tiles = kernel.TOKEN_TILES | (kernel.BATCH_TILES if across else 0)
+            grid = ((head_blocks, batch // tile, seqlen) if across
+                    else (head_blocks, seqlen // tile, batch))
             name = kernel.step_kernel_name(q.dtype, table_dtype, v, interleaved,
-                                           step_flags | kernel.TOKEN_TILES, heads, switches)
-            return Plan(name, (head_blocks, seqlen // tile, batch), (step_chunks, lanes, tile), 0,
-                        v, heads, 32, step_rot, tail_chunks, lanes, 0, step=True)
+                                           step_flags | tiles, heads, switches)
+            return Plan(name, grid, (step_chunks, lanes, tile), 0, v, heads, 32, step_rot,
+                        tail_chunks, lanes, 0, step=True)
         head_blocks = step_head_blocks(htot, step_chunks, heads, tokens, f.sms)
         lanes = -(-htot // (head_blocks * heads))
         if head_blocks <= MAX_GRID_Y:

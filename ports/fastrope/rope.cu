@@ -57,6 +57,8 @@ constexpr bool kStreamingStores = true;
                            // loading its partners
 #define TOKEN_TILES 32     // step kernel: on: grid (head blocks, S / tokens, B), a block takes
                            // blockDim.z tokens of one head block; off: grid (S, B, head blocks)
+#define BATCH_TILES 64     // with TOKEN_TILES: the tiles run across the batch, grid (head blocks,
+                           // B / tokens, S): a block takes one position of blockDim.z sequences
 
 // How each token's position is found (Params.positions; problem.Positions spells the same).
 enum Positions { POSITIONS_ARANGE = 0, POSITIONS_OFFSETS = 1, POSITIONS_IDS = 2 };
@@ -611,7 +613,10 @@ __global__ void __launch_bounds__(256, ROWS_LAUNCH_MIN_BLOCKS(UNROLL, COMPUTED, 
 // (chunks, head lanes, T), a block T tokens of one head block (T divides S), and the blocks
 // that run together cover a stretch of consecutive tokens, all their heads: flash-attn's
 // launch (2 heads x 8 tokens a program). On the H200 it moves the large 16-bit prefills out
-// of place at flash-attn's speed (DESIGN.md, "Token tiles").
+// of place at flash-attn's speed (DESIGN.md, "Token tiles"). With BATCH_TILES as well the tiles
+// run across the batch: grid (head_blocks, B / T, S), a block one position of T sequences (T
+// divides B), so that in sbhd with B > 1 a block's tokens, and the blocks that run together, are
+// consecutive in memory.
 // The data loads are issued first; the position (an id or offset load) and the table row that
 // depends on it follow while they are in flight. No branch separates the loads: a branch ends
 // the stretch of code the compiler schedules as one, and it then sinks later loads behind math
@@ -625,12 +630,15 @@ __global__ void __launch_bounds__(256, STEP_MIN_BLOCKS(T, TT, INTERLEAVED, HEADS
   constexpr bool STREAM = !(FLAGS & PLAIN_ACCESSES);
   constexpr bool SPLIT = !INTERLEAVED && !(FLAGS & PAIR_PER_THREAD);
   constexpr bool TILES = FLAGS & TOKEN_TILES;
+  constexpr bool ACROSS_BATCH = TILES && (FLAGS & BATCH_TILES);
   const int hq = p.heads[0], htot = hq + p.heads[1], lanes = blockDim.y;
   const int h0 = (TILES ? blockIdx.x : blockIdx.z) * lanes * HEADS + threadIdx.y;
   if (h0 >= htot) return;
-  // TOKEN_TILES: blockDim.z divides S (the host's choice), so every token is in range.
-  const int s = TILES ? blockIdx.y * blockDim.z + threadIdx.z : blockIdx.x;
-  const int b = TILES ? blockIdx.z : blockIdx.y, chunk = threadIdx.x;
+  // TOKEN_TILES: blockDim.z divides S (B with BATCH_TILES; the host's choice), so every token
+  // is in range.
+  const int tile = blockIdx.y * blockDim.z + threadIdx.z;
+  const int s = ACROSS_BATCH ? blockIdx.z : TILES ? tile : blockIdx.x;
+  const int b = ACROSS_BATCH ? tile : TILES ? blockIdx.z : blockIdx.y, chunk = threadIdx.x;
   const bool rotary = chunk < p.rot_chunks;
   const int elem = rotary ? chunk * V : 2 * p.half + (chunk - p.rot_chunks) * V;
   const bool first_half = elem < p.half;

@@ -61,12 +61,14 @@ class Trial:
         b, s, h, d = self.case.batch, self.case.seqlen, self.case.heads, self.case.head_dim
         k = f" + k {self.case.kv_heads}" if self.case.kv_heads else ""
         mode = "in place" if self.in_place else "out of place"
-        return f"{b}x{s}x{h}x{d}{k} {self.case.dtype} {mode}"
+        layout = "" if self.case.layout == "bshd" else f"{self.case.layout} "
+        return f"{layout}{b}x{s}x{h}x{d}{k} {self.case.dtype} {mode}"
 
 
-def _case(b: int, s: int, h: int, dtype: str, kv_heads: int | None = 8) -> RopeCase:
-    return RopeCase(b, s, h, 128, dtype=dtype, cos_sin_dtype="same", kv_heads=kv_heads,
-                    label="tune")
+def _case(b: int, s: int, h: int, dtype: str, kv_heads: int | None = 8,
+          layout: str = "bshd") -> RopeCase:
+    return RopeCase(b, s, h, 128, layout=layout, dtype=dtype, cos_sin_dtype="same",
+                    kv_heads=kv_heads, label="tune")
 
 
 def _both(*cases: RopeCase) -> tuple[Trial, ...]:
@@ -81,6 +83,9 @@ _FP32 = (_case(1, 32768, 8, "fp32", None), _case(4, 4096, 32, "fp32"), _case(1, 
 # heads per step).
 _Q_ONLY_16 = (_case(4, 4096, 32, "bf16", None), _case(8, 4096, 64, "bf16", None))
 _Q_ONLY_FP32 = (_case(4, 4096, 32, "fp32", None), _case(8, 4096, 64, "fp32", None))
+# The prefill suite's sbhd shapes with batches past the L2 (q only).
+_SBHD = (_case(4, 4096, 32, "bf16", None, "sbhd"), _case(8, 4096, 64, "fp16", None, "sbhd"),
+         _case(8, 4096, 64, "fp32", None, "sbhd"))
 # 16-bit prefills that take the step kernel in place: L2-sized ones, and the q-only 1x32768x8
 # just past the L2 (8 heads: 4 heads per thread leave blocks of 16 threads).
 _STEP = (_case(1, 4096, 32, "bf16"), _case(1, 2048, 32, "bf16"), _case(1, 4096, 32, "fp16"),
@@ -89,12 +94,15 @@ _STEP = (_case(1, 4096, 32, "bf16"), _case(1, 2048, 32, "bf16"), _case(1, 4096, 
 # Row of plan.RULES -> the trials it is tuned on.
 TRIALS: dict[str, tuple[Trial, ...]] = {
     "step kernel below the work bound": _both(*_LARGE_16, *_FP32, *_Q_ONLY_16, *_Q_ONLY_FP32),
-    # the q-only 1x32768x8 (a 67 MB input) is below the rows' bound, 1x32768x16 just above it
-    "16-bit out of place from twice the L2: token tiles": tuple(
+    # the q-only 1x32768x8 (a 67 MB input in 16 bits) is below the rows' bound, 1x32768x16
+    # just above it, as the fp32 1x32768x8
+    "out of place from twice the L2: token tiles": tuple(
         Trial(c, False) for c in (*_LARGE_16, *_Q_ONLY_16, _case(1, 32768, 8, "bf16", None),
-                                  _case(1, 32768, 16, "bf16", None))),
-    "16-bit in place from twice the L2: token tiles": tuple(
-        Trial(c, True) for c in (*_LARGE_16, *_Q_ONLY_16, _case(1, 32768, 8, "bf16", None))),
+                                  _case(1, 32768, 16, "bf16", None), *_FP32, *_Q_ONLY_FP32,
+                                  *_SBHD)),
+    "in place from twice the L2: token tiles": tuple(
+        Trial(c, True) for c in (*_LARGE_16, *_Q_ONLY_16, _case(1, 32768, 8, "bf16", None),
+                                 *_FP32, *_Q_ONLY_FP32, *_SBHD)),
     "streaming past the L2": (*_both(*_LARGE_16[:3], _FP32[1], _FP32[0],
                                      _case(1, 32768, 8, "bf16", None)),
                               *(Trial(c, False) for c in _Q_ONLY_FP32)),
