@@ -551,6 +551,23 @@ def test_token_tiles_alternative(monkeypatch, row, alternative, in_place, plain,
     assert p.step and p.grid == (4 // heads, 64 // 8, 2) and p.block == (16, 2, 8)
 
 
+def test_in_place_token_tiles_from_4x_the_l2(monkeypatch):
+    """The in-place alternative bounded at 4x the L2: the rows kernel from 2x to just under 4x,
+    tiles from 4x, with 2 heads a thread in 16 bits and 1 in fp32."""
+    monkeypatch.setattr(plan, "RULES", plan.with_choices({
+        _IN_TILES: "the step kernel in tiles of 8 tokens from 4x the L2, 2 heads a thread in 16 "
+                   "bits"}))
+    # the input: 2 x 64 tokens x 8 heads x 128 bf16 = 256 KiB
+    kw = dict(shape=(2, 64, 6, 128), k_heads=2, tables_dtype=torch.bfloat16, l2=64 * 1024 + 1,
+              step_eligible=True, step_switches=0, in_place=True)
+    assert not _plan(monkeypatch, **kw).step  # under 4x: the rows kernel
+    p = _plan(monkeypatch, **{**kw, "l2": 64 * 1024})
+    assert p.step and _flags(p) & kernel.TOKEN_TILES and p.unroll == 2
+    p = _plan(monkeypatch, **{**kw, "l2": 64 * 1024, "dtype": torch.float32,
+                              "tables_dtype": torch.float32})
+    assert p.step and _flags(p) & kernel.TOKEN_TILES and p.unroll == 1
+
+
 @pytest.mark.parametrize("batch, tile", [(2, 2), (6, 2), (8, 8), (16, 8), (3, 1)])
 @pytest.mark.parametrize("in_place", [False, True])
 def test_token_tiles_run_across_the_batch_in_sbhd(monkeypatch, batch, tile, in_place):
