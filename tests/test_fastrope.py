@@ -511,6 +511,15 @@ def test_token_tile_divides_the_sequence_and_fits_the_block_and_grid():
     assert plan.token_tile(4096, 8, 1) == 1    # the design: a token a block
 
 
+def test_step_tile_runs_across_the_batch_in_sbhd_while_the_positions_fit_grid_z():
+    assert plan.step_tile(4096, 3, 8, 8, across=False) == 8    # bshd: the tile divides S
+    assert plan.step_tile(4096, 6, 8, 8, across=True) == 2     # across: the tile divides B
+    assert plan.step_tile(4096, 3, 8, 8, across=True) == 1     # no tile divides B
+    big = plan.MAX_GRID_Y + 1
+    assert plan.step_tile(big, 8, 8, 8, across=True) == 1      # S past grid.z
+    assert plan.step_tile(big - 1, 8, 8, 8, across=True) == 8
+
+
 _OUT_TILES = "out of place from twice the L2: token tiles"
 _IN_TILES = "in place from twice the L2: token tiles"
 

@@ -186,6 +186,15 @@ def token_tile(seqlen: int, chunks: int, most: int) -> int:
     return max(tile, 1)
 
 
+def step_tile(seqlen: int, batch: int, chunks: int, most: int, across: bool) -> int:
+    """The token tile the step kernel takes (:func:`token_tile`), 1 where none fits. ``across``
+    (sbhd with B > 1): the tiles run across the batch, a block one position of ``tile``
+    sequences, consecutive in memory, and the positions in grid.z, so S must fit it too."""
+    if across:
+        return token_tile(batch, chunks, most) if seqlen <= MAX_GRID_Y else 1
+    return token_tile(seqlen, chunks, most)
+
+
 # ---- the rules --------------------------------------------------------------------------------
 @dataclass(frozen=True, eq=False)  # hashed by identity
 class Rule:
@@ -243,11 +252,8 @@ def _in_tiles(f, most: int = TILE_TOKENS) -> bool:
     """The step kernel takes the problem in tiles of more than one token, at most ``most``:
     its fields fit, a tile divides the sequence (the batch for sbhd with B > 1: the tiles run
     across it, positions in grid.z) and fits the block and the grid (:func:`token_tile`)."""
-    if f.sbhd_batches:
-        fits = f.seqlen <= MAX_GRID_Y and token_tile(f.batch, f.chunks, most) > 1
-    else:
-        fits = token_tile(f.seqlen, f.chunks, most) > 1
-    return _step_kernel_fits(f) and fits
+    return (_step_kernel_fits(f)
+            and step_tile(f.seqlen, f.batch, f.chunks, most, f.sbhd_batches) > 1)
 
 
 def _past_l2_from_tables(f) -> bool:
@@ -521,12 +527,9 @@ def choose_from(rules, p: Problem, operands: list[Operand], *, in_place: bool, b
         heads = _setting(rules, "step_heads", f)
         switches = (kernel.step_switches(p.positions, p.position_int32, p.half_table, backward)
                     if _setting(rules, "fixed_switches", f) else kernel.RUNTIME_SWITCHES)
-        # sbhd with B > 1: the tiles run across the batch (a block one position of `tile`
-        # sequences, consecutive in memory), the positions in grid.z.
         across = f.sbhd_batches
-        tile = token_tile(batch if across else seqlen, step_chunks,
-                          _setting(rules, "step_tokens", f))
-        if tile > 1 and (not across or seqlen <= MAX_GRID_Y):
+        tile = step_tile(seqlen, batch, step_chunks, _setting(rules, "step_tokens", f), across)
+        if tile > 1:
             # head blocks first: grid (head blocks, S / tile, B), across the batch (head blocks,
             # B / tile, S)
             head_blocks = -(-htot // (THREADS_PER_BLOCK // (step_chunks * tile) * heads))
