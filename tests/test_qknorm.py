@@ -1004,9 +1004,10 @@ def test_kernels_compile_for_sm90_without_spills():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SM90], capture_output=True, text=True,
                        cwd=root, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    # 69 builds (the per-head forward and backward each plain and streaming), and 12 more (3 dtypes, 2 builds, together and apart) for each further value of
-    # the token forward's elements a warp: few tokens', and each a shipped table sets; then 6
-    # for each value (3 dtypes, 2 builds) with the rows' dtype for the weights
+    # 69 builds (the per-head forward and backward each plain and streaming), and 12 more (3
+    # dtypes, 2 builds, together and apart) for each further value of the token forward's
+    # elements a warp: few tokens', and each a shipped table sets; then 6 for each value (3
+    # dtypes, 2 builds) with the rows' dtype for the weights
     from ports.fastrope import tuning
 
     values = {qknr.TOKEN_FWD_ELEMENTS_PER_WARP, qknr.TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP} \
