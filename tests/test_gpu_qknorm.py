@@ -274,28 +274,6 @@ def test_weight_gradient_reduction_by_dependent_launch(monkeypatch, norm, style)
         assert torch.equal(dependent[name], plain[name]), name
 
 
-@pytest.mark.parametrize("case", [
-    Case(**MID, dtype="bf16", asymmetric=True),
-    Case(**MID, dtype="fp16", rot=64, style="interleaved", positions="ids", layout="sbhd",
-         gemma=True),
-], ids=["bf16", "fp16-partial-interleaved-sbhd"])
-def test_streaming_accesses(monkeypatch, case):
-    """The per-head rows with evict-first loads and streaming stores (HEAD_FWD_STREAMING,
-    HEAD_BWD_STREAMING, a tuning table's choice) and with plain accesses: both are the oracle's
-    (forward, in place and backward, outputs NaN-poisoned), and bitwise equal: the hints change
-    where the bytes are cached, not the sums."""
-    got = {}
-    for stream in (0, 1):
-        monkeypatch.setattr(qknorm, "FORCED", dict(HEAD_FWD_STREAMING=stream,
-                                                   HEAD_BWD_STREAMING=stream))
-        assert qknorm.launch_constant("HEAD_BWD_STREAMING", torch.device("cuda")) == stream
-        check_forward(case)
-        check_forward(case, in_place=True)
-        got[stream] = check_backward(case)
-    for name in ("dq", "dk", "dqw", "dkw"):
-        assert torch.equal(got[0][name], got[1][name]), name
-
-
 def test_second_device():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")

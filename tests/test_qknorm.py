@@ -879,13 +879,10 @@ UNIT_STRIDES = dict.fromkeys(("sqd", "skd", "sgqd", "sgkd", "sdqd", "sdkd", "sqo
                               "skw", "tsc"), 1)
 
 for fn, extra, elements, warps in (
-        # the per-head rows with plain and streaming accesses (HEAD_*_STREAMING)
-        *((K.qk_norm_rope_fwd_kernel, {"STREAM": stream}, Q.HEAD_FWD_BLOCK_ELEMENTS,
-           Q.HEAD_FWD_WARPS) for stream in (False, True)),
+        (K.qk_norm_rope_fwd_kernel, {}, Q.HEAD_FWD_BLOCK_ELEMENTS, Q.HEAD_FWD_WARPS),
         # (MINIMAL, the probes' minimal kernel, off as every launch but theirs has it)
-        *((K.qk_norm_rope_bwd_kernel, {"STAGES": Q.BACKWARD_STAGES, "PDL": True,
-                                       "MINIMAL": False, "STREAM": stream},
-           None, Q.BACKWARD_WARPS) for stream in (False, True)),
+        (K.qk_norm_rope_bwd_kernel, {"STAGES": Q.BACKWARD_STAGES, "PDL": True, "MINIMAL": False},
+         None, Q.BACKWARD_WARPS),
         (K.qk_token_norm_rope_fwd_kernel, {"WHOLE_TOKEN": False, "QK_TOGETHER": False},
          Q.TOKEN_FWD_BLOCK_ELEMENTS, Q.TOKEN_FWD_WARPS),
         # whole tokens, q's 32 heads and k's 8 in one program or apart, on the launcher's warps
@@ -1004,13 +1001,12 @@ def test_kernels_compile_for_sm90_without_spills():
     r = subprocess.run([sys.executable, "-c", _COMPILE_SM90], capture_output=True, text=True,
                        cwd=root, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    # 69 builds (the per-head forward and backward each plain and streaming), and 12 more (3
-    # dtypes, 2 builds, together and apart) for each further value of the token forward's
-    # elements a warp: few tokens', and each a shipped table sets; then 6 for each value (3
-    # dtypes, 2 builds) with the rows' dtype for the weights
+    # 57 builds, and 12 more (3 dtypes, 2 builds, together and apart) for each further value of
+    # the token forward's elements a warp: few tokens', and each a shipped table sets; then 6
+    # for each value (3 dtypes, 2 builds) with the rows' dtype for the weights
     from ports.fastrope import tuning
 
     values = {qknr.TOKEN_FWD_ELEMENTS_PER_WARP, qknr.TOKEN_FWD_FEW_TOKENS_ELEMENTS_PER_WARP} \
         | tuning.qknorm_values("TOKEN_FWD_ELEMENTS_PER_WARP")
-    assert r.stdout.count("compiled") == 69 + 12 * (len(values) - 1) + 6 * len(values)
+    assert r.stdout.count("compiled") == 57 + 12 * (len(values) - 1) + 6 * len(values)
     assert r.stdout.count("weights as rows") == 6 * len(values)

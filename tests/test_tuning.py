@@ -97,7 +97,7 @@ def test_every_shipped_tables_qknorm_entry_is_valid():
     """A table's fused QK-norm constants are DEVICE_TUNED names with positive ints (a switch,
     0 or 1), chosen on the table's own GPU by ``tune --qknorm`` (its run and measurements in the
     table)."""
-    switches = {"TOKEN_FWD_QK_TOGETHER", "HEAD_FWD_STREAMING", "HEAD_BWD_STREAMING"}
+    switches = {"TOKEN_FWD_QK_TOGETHER"}
     for family, table in tuning.tables().items():
         constants = table.get("qknorm", {})
         assert set(constants) <= set(qknorm.DEVICE_TUNED), family
@@ -344,21 +344,17 @@ def test_qknorm_candidates_leave_out_the_module_values():
     for alternatives in rows.values():
         assert alternatives and all(any(own[k] != v for k, v in c.items())
                                     for c in alternatives.values())
-    assert "BACKWARD_PROGRAMS_PER_SM=4, HEAD_BWD_STREAMING=0" in rows[qt.BACKWARD]
-    own_bwd = f"BACKWARD_PROGRAMS_PER_SM={own['BACKWARD_PROGRAMS_PER_SM']}"
-    assert f"{own_bwd}, HEAD_BWD_STREAMING=0" not in rows[qt.BACKWARD]
-    assert f"{own_bwd}, HEAD_BWD_STREAMING=1" in rows[qt.BACKWARD]  # the own grid, streaming
-    assert len(rows[qt.FORWARD]) == 2 * len(qt.FORWARD_SETTINGS) - 1
-    assert len(rows[qt.BACKWARD]) == 2 * len(qt.BACKWARD_SETTINGS) - 1
+    assert "BACKWARD_PROGRAMS_PER_SM=4" in rows[qt.BACKWARD]
+    assert f"BACKWARD_PROGRAMS_PER_SM={own['BACKWARD_PROGRAMS_PER_SM']}" not in rows[qt.BACKWARD]
     own_token = (own["TOKEN_FWD_QK_TOGETHER"], own["TOKEN_FWD_ELEMENTS_PER_WARP"])
     assert list(rows[qt.TOKEN_FORWARD]) == [
         f"TOKEN_FWD_QK_TOGETHER={t}, TOKEN_FWD_ELEMENTS_PER_WARP={e}"
         for t, e in qt.TOKEN_FORWARD_SETTINGS if (t, e) != own_token]
     assert len(rows[qt.TOKEN_FORWARD]) == len(qt.TOKEN_FORWARD_SETTINGS) - 1
     assert qt.constants_of({}) == own
-    fwd = "HEAD_FWD_BLOCK_ELEMENTS=1024, HEAD_FWD_WARPS=1, HEAD_FWD_STREAMING=1"
+    fwd = "HEAD_FWD_BLOCK_ELEMENTS=1024, HEAD_FWD_WARPS=1"
     assert qt.constants_of({qt.FORWARD: fwd}) == dict(own, HEAD_FWD_BLOCK_ELEMENTS=1024,
-                                                      HEAD_FWD_WARPS=1, HEAD_FWD_STREAMING=1)
+                                                      HEAD_FWD_WARPS=1)
 
 
 def test_qknorm_forced_sets_every_constant_and_restores(monkeypatch):
@@ -375,11 +371,10 @@ def _qknorm_measurements(qt):
         return dict(row=row, alternative=alt, case=case, same_plan=False, own_us=10.0,
                     us=10.0 * ratio, ratio=ratio)
 
-    fwd = "HEAD_FWD_BLOCK_ELEMENTS=1024, HEAD_FWD_WARPS=1, HEAD_FWD_STREAMING=1"
-    bwd = "BACKWARD_PROGRAMS_PER_SM={}, HEAD_BWD_STREAMING=0"
+    fwd = "HEAD_FWD_BLOCK_ELEMENTS=1024, HEAD_FWD_WARPS=1"
     return [m(qt.FORWARD, fwd, "a", 0.90), m(qt.FORWARD, fwd, "b", 0.95),
-            m(qt.BACKWARD, bwd.format(4), "a", 0.995),  # within the margin
-            m(qt.BACKWARD, bwd.format(2), "a", 1.20)]
+            m(qt.BACKWARD, "BACKWARD_PROGRAMS_PER_SM=4", "a", 0.995),  # within the margin
+            m(qt.BACKWARD, "BACKWARD_PROGRAMS_PER_SM=2", "a", 1.20)]
 
 
 def test_tune_qknorm_writes_the_entry_and_keeps_the_plan(monkeypatch, tmp_path, capsys):
@@ -406,10 +401,10 @@ def test_tune_qknorm_writes_the_entry_and_keeps_the_plan(monkeypatch, tmp_path, 
     table = json.loads(out.read_text())
     assert table["choices"] == {row: "plain accesses"}
     assert table["qknorm"] == dict(qt.own_values(), HEAD_FWD_BLOCK_ELEMENTS=1024,
-                                   HEAD_FWD_WARPS=1, HEAD_FWD_STREAMING=1)
+                                   HEAD_FWD_WARPS=1)
     assert table["qknorm_run"]["command"] == "python -m ports.harness.tune --qknorm"
     assert table["qknorm_run"]["choices"] == {qt.FORWARD: "HEAD_FWD_BLOCK_ELEMENTS=1024, "
-                                                          "HEAD_FWD_WARPS=1, HEAD_FWD_STREAMING=1"}
+                                                          "HEAD_FWD_WARPS=1"}
     assert len(table["qknorm_measurements"]) == 4
     assert any(s["chosen"] for s in table["qknorm_scores"])
     scores = json.loads((tmp_path / "s.json").read_text())

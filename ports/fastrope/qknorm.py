@@ -120,12 +120,6 @@ MAX_HEAD_DIM = 1024        # one head row held in registers
 # at 4 x 4k, 200.7 -> 170.4 at 32k); on the H100 1024 takes 30.9 against 28.7 us at 4k.
 HEAD_FWD_BLOCK_ELEMENTS = 512
 HEAD_FWD_WARPS = 1
-# The per-head forward's and backward's rows (x, dy, the outputs) loaded evict-first and stored
-# streaming (1), which leaves the L2 to the table rows and weights every program reads again, or
-# with plain accesses (0). fastrope's rows kernel streams past the L2 (DESIGN.md); here a GPU
-# family's table decides (DEVICE_TUNED, `tune --qknorm`), 0 serves a GPU without one.
-HEAD_FWD_STREAMING = 0
-HEAD_BWD_STREAMING = 0
 # The token-norm forward takes a token's heads whole, read once, where they fit
 # TOKEN_FWD_WHOLE_ELEMENTS (heads and head_dim padded to powers of two), on a warp per
 # TOKEN_FWD_ELEMENTS_PER_WARP of the rows a program holds (q's and k's where they are together:
@@ -266,9 +260,8 @@ TOKEN_FWD_QK_TOGETHER = 1
 # ports/fastrope/tuning.py; `python -m ports.harness.tune --qknorm` writes it), where the H100
 # and the H200 want different ones; the values above serve every GPU without one. Names in
 # FORCED win over both (the tuning's, the launch sweep's and qknorm_bench --set's settings).
-DEVICE_TUNED = ("HEAD_FWD_BLOCK_ELEMENTS", "HEAD_FWD_WARPS", "HEAD_FWD_STREAMING",
-                "BACKWARD_PROGRAMS_PER_SM", "HEAD_BWD_STREAMING", "TOKEN_FWD_QK_TOGETHER",
-                "TOKEN_FWD_ELEMENTS_PER_WARP")
+DEVICE_TUNED = ("HEAD_FWD_BLOCK_ELEMENTS", "HEAD_FWD_WARPS", "BACKWARD_PROGRAMS_PER_SM",
+                "TOKEN_FWD_QK_TOGETHER", "TOKEN_FWD_ELEMENTS_PER_WARP")
 FORCED: dict[str, int] = {}
 # The token-norm backward's tokens per program once there are enough programs anyway (a first
 # guess, not swept), that is from LONG_RUN_MIN_TOKENS tokens (64 groups of 16).
@@ -639,7 +632,6 @@ def forward(q: Tensor, k: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float
             *_strides(q, layout), *_strides(k, layout), *_strides(qo, layout),
             *_strides(ko, layout), q_weight.stride(0), k_weight.stride(0),
             BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma,
-            STREAM=bool(launch_constant("HEAD_FWD_STREAMING", q.device)),
             num_warps=launch_constant("HEAD_FWD_WARPS", q.device), **kw)
     return qo, ko
 
@@ -768,9 +760,7 @@ def backward(dq_out: Tensor, dk_out: Tensor, q: Tensor, k: Tensor, q_weight: Ten
                 BLOCK_HQ=bq, BLOCK_HK=bk, GEMMA=gemma,
                 STAGES=(BACKWARD_STAGES if triton.next_power_of_2(g.head_dim)
                         <= PIPELINED_MAX_HEAD_DIM else 1),
-                PDL=pdl, MINIMAL=bool(HEAD_BWD_MINIMAL),
-                STREAM=bool(launch_constant("HEAD_BWD_STREAMING", q.device)),
-                num_warps=BACKWARD_WARPS, **kw)
+                PDL=pdl, MINIMAL=bool(HEAD_BWD_MINIMAL), num_warps=BACKWARD_WARPS, **kw)
     return (dq, dk) + weight_grads(qpart, kpart, q_weight, k_weight, pdl)
 
 

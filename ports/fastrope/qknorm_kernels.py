@@ -130,29 +130,18 @@ def _weights(w_ptr, sw, D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.cons
 
 @triton.jit
 def _load_rows(row_ptr, sd, hm, D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
-               TAIL_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_TAIL: tl.constexpr,
-               STREAM: tl.constexpr = False):
-    """A block of head rows [BLOCK_H, *] as fp32 (first members, partners, tail); masked lanes 0.
-    STREAM: evict-first loads (rows read once), which leave the L2 to what is read again."""
+               TAIL_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr, HAS_TAIL: tl.constexpr):
+    """A block of head rows [BLOCK_H, *] as fp32 (first members, partners, tail); masked lanes 0."""
     j, o1, o2 = _members(HALF, PAIR_BLOCK, INTERLEAVED)
     pm = hm & (j < HALF)
-    t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
-    if STREAM:
-        x1 = tl.load(row_ptr + o1 * sd, mask=pm, other=0.0, eviction_policy="evict_first")
-        x2 = tl.load(row_ptr + o2 * sd, mask=pm, other=0.0, eviction_policy="evict_first")
-        if HAS_TAIL:
-            xt = tl.load(row_ptr + t * sd, mask=hm & (t < D), other=0.0,
-                         eviction_policy="evict_first").to(tl.float32)
-        else:
-            xt = tl.zeros([1, TAIL_BLOCK], dtype=tl.float32)
+    x1 = tl.load(row_ptr + o1 * sd, mask=pm, other=0.0).to(tl.float32)
+    x2 = tl.load(row_ptr + o2 * sd, mask=pm, other=0.0).to(tl.float32)
+    if HAS_TAIL:
+        t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
+        xt = tl.load(row_ptr + t * sd, mask=hm & (t < D), other=0.0).to(tl.float32)
     else:
-        x1 = tl.load(row_ptr + o1 * sd, mask=pm, other=0.0)
-        x2 = tl.load(row_ptr + o2 * sd, mask=pm, other=0.0)
-        if HAS_TAIL:
-            xt = tl.load(row_ptr + t * sd, mask=hm & (t < D), other=0.0).to(tl.float32)
-        else:
-            xt = tl.zeros([1, TAIL_BLOCK], dtype=tl.float32)
-    return x1.to(tl.float32), x2.to(tl.float32), xt
+        xt = tl.zeros([1, TAIL_BLOCK], dtype=tl.float32)
+    return x1, x2, xt
 
 
 @triton.jit
@@ -186,23 +175,15 @@ def _store_rows_tma(desc, b, s, y1, y2, BLOCK_H: tl.constexpr, HALF: tl.constexp
 @triton.jit
 def _store_rows(row_ptr, sd, hm, y1, y2, yt, D: tl.constexpr, HALF: tl.constexpr,
                 PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr,
-                HAS_TAIL: tl.constexpr, STREAM: tl.constexpr = False):
-    """:func:`_load_rows`' inverse, rounded to the rows' dtype. STREAM: streaming stores
-    (``st.global.cs``: written once, not read again here)."""
+                HAS_TAIL: tl.constexpr):
     j, o1, o2 = _members(HALF, PAIR_BLOCK, INTERLEAVED)
     pm = hm & (j < HALF)
     ty = row_ptr.dtype.element_ty
-    t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
-    if STREAM:
-        tl.store(row_ptr + o1 * sd, y1.to(ty), mask=pm, cache_modifier=".cs")
-        tl.store(row_ptr + o2 * sd, y2.to(ty), mask=pm, cache_modifier=".cs")
-        if HAS_TAIL:
-            tl.store(row_ptr + t * sd, yt.to(ty), mask=hm & (t < D), cache_modifier=".cs")
-    else:
-        tl.store(row_ptr + o1 * sd, y1.to(ty), mask=pm)
-        tl.store(row_ptr + o2 * sd, y2.to(ty), mask=pm)
-        if HAS_TAIL:
-            tl.store(row_ptr + t * sd, yt.to(ty), mask=hm & (t < D))
+    tl.store(row_ptr + o1 * sd, y1.to(ty), mask=pm)
+    tl.store(row_ptr + o2 * sd, y2.to(ty), mask=pm)
+    if HAS_TAIL:
+        t = 2 * HALF + tl.arange(0, TAIL_BLOCK)[None, :]
+        tl.store(row_ptr + t * sd, yt.to(ty), mask=hm & (t < D))
 
 
 @triton.jit
@@ -228,12 +209,12 @@ def _forward_heads(x_ptr, o_ptr, w_ptr, b, s, h0, n_heads, c1, s1, c2, s2, eps,
                    sxb, sxs, sxh, sxd, sob, sos, soh, sod, sw,
                    D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr,
                    TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
-                   GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr, STREAM: tl.constexpr):
+                   GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr):
     """Norm then rotate heads h0 .. h0 + BLOCK_H - 1 of one token."""
     h = h0 + tl.arange(0, BLOCK_H).to(tl.int64)[:, None]
     hm = h < n_heads
     x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF, PAIR_BLOCK,
-                            TAIL_BLOCK, INTERLEAVED, HAS_TAIL, STREAM)
+                            TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
     w1, w2, wt = _weights(w_ptr, sw, D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, GEMMA)
     rstd = _rstd(x1, x2, xt, eps, D)
     z1 = x1 * rstd * w1
@@ -242,7 +223,7 @@ def _forward_heads(x_ptr, o_ptr, w_ptr, b, s, h0, n_heads, c1, s1, c2, s2, eps,
     y1 = z1 * c1 - z2 * s1
     y2 = z2 * c2 + z1 * s2
     _store_rows(o_ptr + b * sob + s * sos + h * soh, sod, hm, y1, y2, zt, D, HALF, PAIR_BLOCK,
-                TAIL_BLOCK, INTERLEAVED, HAS_TAIL, STREAM)
+                TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
 
 
 @triton.jit
@@ -255,10 +236,10 @@ def qk_norm_rope_fwd_kernel(
         D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
         TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
-        HAS_TAIL: tl.constexpr, STREAM: tl.constexpr = False):
+        HAS_TAIL: tl.constexpr):
     """Grid (tokens * BLOCKS,), BLOCKS = q head blocks + k head blocks, a token's blocks adjacent
     (its cos/sin row is read once from DRAM, then from L2): y = RoPE(rmsnorm(x) * w) for q and
-    k. STREAM: the rows' loads evict-first and their stores streaming (:func:`_load_rows`)."""
+    k."""
     pid = tl.program_id(0).to(tl.int64)
     tok = pid // BLOCKS
     hb = (pid - tok * BLOCKS).to(tl.int32)
@@ -269,13 +250,11 @@ def qk_norm_rope_fwd_kernel(
     if hb < Q_BLOCKS:
         _forward_heads(q_ptr, qo_ptr, qw_ptr, b, s, hb.to(tl.int64) * BLOCK_HQ, HQ,
                        c1, s1, c2, s2, eps, sqb, sqs, sqh, sqd, sqob, sqos, sqoh, sqod, sqw,
-                       D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, GEMMA, HAS_TAIL,
-                       STREAM)
+                       D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, GEMMA, HAS_TAIL)
     else:
         _forward_heads(k_ptr, ko_ptr, kw_ptr, b, s, (hb - Q_BLOCKS).to(tl.int64) * BLOCK_HK, HK,
                        c1, s1, c2, s2, eps, skb, sks, skh, skd, skob, skos, skoh, skod, skw,
-                       D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, GEMMA, HAS_TAIL,
-                       STREAM)
+                       D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, GEMMA, HAS_TAIL)
 
 
 @triton.jit
@@ -286,7 +265,7 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, token
                     TAIL_BLOCK: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
                     TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr,
                     HAS_TAIL: tl.constexpr, tokens_per_program, STAGES: tl.constexpr,
-                    MINIMAL: tl.constexpr, STREAM: tl.constexpr):
+                    MINIMAL: tl.constexpr):
     """dx for heads h0 .. h0 + BLOCK_H - 1 of the tokens tok0 + i * token_step, i below
     tokens_per_program, and their weight-gradient partial sum as row ``part_row`` of the
     [programs, D] buffer. STAGES > 1 asks Triton's pipeliner to issue a later token's loads while
@@ -311,16 +290,16 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, token
         c1, s1, c2, s2 = _angles(b, s, valid, pos_ptr, psb, pss, cos_ptr, sin_ptr, inv_ptr,
                                  rows, tsr, tsc, HALF, PAIR_BLOCK, INTERLEAVED, TABLE, HAS_POS)
         x1, x2, xt = _load_rows(x_ptr + b * sxb + s * sxs + h * sxh, sxd, hm, D, HALF,
-                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL, STREAM)
+                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
         g1, g2, gt = _load_rows(g_ptr + b * sgb + s * sgs + h * sgh, sgd, hm, D, HALF,
-                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL, STREAM)
+                                PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED, HAS_TAIL)
         if MINIMAL:
             acc1 += x1 * c1
             acc2 += x2 * c2
             acct += xt
             _store_rows(dx_ptr + b * sdb + s * sds + h * sdh, sdd, hm, g1 + x1 * s1,
                         g2 + x2 * s2, gt + xt, D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED,
-                        HAS_TAIL, STREAM)
+                        HAS_TAIL)
         else:
             rstd = _rstd(x1, x2, xt, eps, D)
             xh1, xh2, xht, dz1, dz2 = _normed_and_unrotated(x1, x2, xt, g1, g2, rstd, c1, s1,
@@ -336,7 +315,7 @@ def _backward_heads(x_ptr, g_ptr, dx_ptr, w_ptr, part_ptr, part_row, tok0, token
             _store_rows(dx_ptr + b * sdb + s * sds + h * sdh, sdd, hm,
                         rstd * (dxh1 - xh1 * dot), rstd * (dxh2 - xh2 * dot),
                         rstd * (dxht - xht * dot), D, HALF, PAIR_BLOCK, TAIL_BLOCK, INTERLEAVED,
-                        HAS_TAIL, STREAM)
+                        HAS_TAIL)
     prow = part_ptr + part_row * D
     tl.store(prow + o1, tl.sum(acc1, axis=0)[None, :], mask=pm)
     tl.store(prow + o2, tl.sum(acc2, axis=0)[None, :], mask=pm)
@@ -357,8 +336,7 @@ def qk_norm_rope_bwd_kernel(
         D: tl.constexpr, HALF: tl.constexpr, PAIR_BLOCK: tl.constexpr, TAIL_BLOCK: tl.constexpr,
         BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, INTERLEAVED: tl.constexpr,
         TABLE: tl.constexpr, HAS_POS: tl.constexpr, GEMMA: tl.constexpr, HAS_TAIL: tl.constexpr,
-        STAGES: tl.constexpr, PDL: tl.constexpr, MINIMAL: tl.constexpr = False,
-        STREAM: tl.constexpr = False):
+        STAGES: tl.constexpr, PDL: tl.constexpr, MINIMAL: tl.constexpr = False):
     """Grid (token groups, q head blocks + k head blocks): dq, dk and the weight-gradient
     partial rows (q: row ``group * Q_BLOCKS + block``; k likewise with K_BLOCKS). Group g takes
     tokens g, g + groups, g + 2 * groups, ...: the programs running at one time read and write
@@ -378,7 +356,7 @@ def qk_norm_rope_bwd_kernel(
                         cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, sqb, sqs, sqh, sqd,
                         sgqb, sgqs, sgqh, sgqd, sdqb, sdqs, sdqh, sdqd, sqw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HQ, INTERLEAVED, TABLE, HAS_POS,
-                        GEMMA, HAS_TAIL, tokens_per_program, STAGES, MINIMAL, STREAM)
+                        GEMMA, HAS_TAIL, tokens_per_program, STAGES, MINIMAL)
     else:
         kb = hb - Q_BLOCKS
         _backward_heads(k_ptr, gk_ptr, dk_ptr, kw_ptr, kpart_ptr, grp * K_BLOCKS + kb, grp,
@@ -386,7 +364,7 @@ def qk_norm_rope_bwd_kernel(
                         cos_ptr, sin_ptr, inv_ptr, rows, tsr, tsc, skb, sks, skh, skd,
                         sgkb, sgks, sgkh, sgkd, sdkb, sdks, sdkh, sdkd, skw,
                         D, HALF, PAIR_BLOCK, TAIL_BLOCK, BLOCK_HK, INTERLEAVED, TABLE, HAS_POS,
-                        GEMMA, HAS_TAIL, tokens_per_program, STAGES, MINIMAL, STREAM)
+                        GEMMA, HAS_TAIL, tokens_per_program, STAGES, MINIMAL)
 
 
 # ---- norm over all heads of a token (OLMo2) ---------------------------------------------------

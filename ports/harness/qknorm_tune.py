@@ -7,10 +7,10 @@ module's own values (what a GPU without a table runs) on the qknorm suite's Qwen
 (:data:`SHAPES`, bf16, the suite's inputs: the ``[L, R/2]`` tables its fastrope rows get,
 :func:`ports.harness.qknorm_bench.fastrope_tables`), each direction on its own:
 
-* ``fused QK-norm forward``: ``HEAD_FWD_BLOCK_ELEMENTS`` and ``HEAD_FWD_WARPS``, each with
-  ``HEAD_FWD_STREAMING`` off and on, out of place and in place (two cases a shape);
-* ``fused QK-norm backward``: ``BACKWARD_PROGRAMS_PER_SM``, each with ``HEAD_BWD_STREAMING`` off
-  and on, as a forward + backward step minus the forward (one case a shape);
+* ``fused QK-norm forward``: ``HEAD_FWD_BLOCK_ELEMENTS`` and ``HEAD_FWD_WARPS``, out of place and
+  in place (two cases a shape);
+* ``fused QK-norm backward``: ``BACKWARD_PROGRAMS_PER_SM``, as a forward + backward step minus
+  the forward (one case a shape);
 * ``fused QK-norm token forward``: ``TOKEN_FWD_QK_TOGETHER`` and ``TOKEN_FWD_ELEMENTS_PER_WARP``,
   OLMo2's norm over all heads of a token (``norm="token"``, ``[heads * d]`` weights), out of
   place and in place.
@@ -38,9 +38,6 @@ TOKEN_FORWARD = "fused QK-norm token forward"
 FORWARD_SETTINGS = ((512, 1), (1024, 1), (1024, 2), (2048, 2), (2048, 4))
 # programs per SM of the backward's grid: the H100 took 3, the H200 4.
 BACKWARD_SETTINGS = (2, 3, 4, 5, 6)
-# the per-head rows' accesses, crossed with each forward and backward setting: plain (0), or
-# evict-first loads and streaming stores (1)
-STREAMING = (0, 1)
 # (q and k together, elements a warp): Qwen3-8B's 32 + 8 heads of 128 together on one, two or four
 # warps (4096, 2048, 1024), apart on one or two (q's 32 heads); from the suite's half-width
 # tables the H100 took together on two (the module's), the H200 apart on two (q's 32 heads).
@@ -52,10 +49,8 @@ def candidates() -> dict[str, dict[str, dict[str, int]]]:
     """Row -> alternative's name -> the constants it sets, the module's own values left out."""
     own = own_values()
     rows = {
-        FORWARD: [dict(HEAD_FWD_BLOCK_ELEMENTS=e, HEAD_FWD_WARPS=w, HEAD_FWD_STREAMING=m)
-                  for e, w in FORWARD_SETTINGS for m in STREAMING],
-        BACKWARD: [dict(BACKWARD_PROGRAMS_PER_SM=p, HEAD_BWD_STREAMING=m)
-                   for p in BACKWARD_SETTINGS for m in STREAMING],
+        FORWARD: [dict(HEAD_FWD_BLOCK_ELEMENTS=e, HEAD_FWD_WARPS=w) for e, w in FORWARD_SETTINGS],
+        BACKWARD: [dict(BACKWARD_PROGRAMS_PER_SM=p) for p in BACKWARD_SETTINGS],
         TOKEN_FORWARD: [dict(TOKEN_FWD_QK_TOGETHER=t, TOKEN_FWD_ELEMENTS_PER_WARP=e)
                         for t, e in TOKEN_FORWARD_SETTINGS],
     }
