@@ -1,0 +1,256 @@
+"""A candidate design for the fused QK-norm's per-head backward: a CUDA kernel of head rows, not
+a Triton token loop (needs a GPU).
+
+The package's per-head backward is a Triton kernel whose programs each take a block of 16 heads
+through a loop over tokens, 3-4 programs an SM at 128 registers a thread (DESIGN.md, "Fused
+QK-norm + RoPE"). Its minimal kernel says the structure, not the arithmetic, keeps it from a
+copy's time. This probe asks whether the design of fastrope's rows kernel would do better:
+
+* 8 threads a head row of 128 (bf16), each owning 8 channels of each half (the rotate-half pair,
+  16-byte loads and stores), ``ROWS`` rows a thread in flight;
+* blocks of 256 threads, as many an SM as the variant compiles its registers for (2-4), split
+  between q and k by their rows; a block takes rows block, block + blocks, ... so the blocks
+  running at one time read neighbouring rows;
+* a row's two sums by warp shuffles across its 8 threads; dw's sums per thread in registers
+  (its channels are fixed), then over the block's 32 row slots in shared memory into one fp32
+  partial row a block, which the package's reduction (``qknorm.weight_grads``) sums.
+
+Deterministic as the package's: every sum in a fixed order. Scope of the probe: bf16 q and k
+contiguous ``[b, s, h, 128]``, rotate-half, fp32 half-width tables (the suite's), a token at its
+position in the sequence, no Gemma offset. Each variant's dq and dk are checked against
+``qknorm.backward`` (the design) to one bf16 ulp, its weight gradients to 1% of their largest
+element. Rows, CUDA-graph us, the minimum of the interleaved medians: the design; each variant,
+its reduction included; a same-size copy of the bytes (dy, q and k read, dq and dk written).
+
+    python -m tools.qknorm_rows_backward_probe [--shapes NAME ...] [--json FILE --commit SHA]
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ports.fastrope import qknorm
+from ports.harness import qknorm_bench as bench
+from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
+from tools._probe_kit import parse_probe_arguments, probe_parser, qknorm_shapes, write_requested
+
+SHAPES = ["qwen3-8b prefill 4k", "qwen3-8b train 4x4k", "qwen3-8b prefill 32k"]
+# (rows a thread, blocks an SM): the grid, and the register bound each launch compiles for
+VARIANTS = [(1, 2), (1, 3), (1, 4), (2, 2), (2, 3)]
+THREADS = 256
+D = 128
+
+SOURCE = r"""
+typedef unsigned short bf16_t;
+__device__ __forceinline__ float bf(unsigned v) { return __uint_as_float(v << 16); }
+__device__ __forceinline__ unsigned rne(float f) {  // fp32 -> bf16 bits, nearest even
+    unsigned u = __float_as_uint(f);
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+__device__ __forceinline__ void unpack(uint4 v, float* o) {
+    unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) { o[2 * i] = bf(w[i] & 0xffffu); o[2 * i + 1] = bf(w[i] >> 16); }
+}
+__device__ __forceinline__ uint4 pack(const float* o) {
+    unsigned w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = rne(o[2 * i]) | (rne(o[2 * i + 1]) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+__device__ __forceinline__ float row_sum(float v) {  // over the 8 lanes of a row
+    v += __shfl_xor_sync(0xffffffffu, v, 4);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v;
+}
+
+// Grid (q blocks + k blocks), 256 threads: 32 row slots of 8 threads. Row r of a tensor of H
+// heads is token r / H, head r % H; its position is token % S.
+template <int ROWS, int MIN_BLOCKS>
+__global__ void __launch_bounds__(256, MIN_BLOCKS) rows_bwd(
+        const uint4* __restrict__ q, const uint4* __restrict__ k,
+        const uint4* __restrict__ gq, const uint4* __restrict__ gk,
+        uint4* __restrict__ dq, uint4* __restrict__ dk,
+        const float* __restrict__ qw, const float* __restrict__ kw,
+        float* __restrict__ qpart, float* __restrict__ kpart,
+        const float4* __restrict__ cos, const float4* __restrict__ sin,
+        long long q_rows, long long k_rows, int hq, int hk, int S, int q_blocks, int k_blocks,
+        float eps) {
+    const bool is_q = blockIdx.x < q_blocks;
+    const int blk = is_q ? blockIdx.x : blockIdx.x - q_blocks;
+    const int nblk = is_q ? q_blocks : k_blocks;
+    const long long nrows = is_q ? q_rows : k_rows;
+    const int H = is_q ? hq : hk;
+    const uint4* x = is_q ? q : k;
+    const uint4* g = is_q ? gq : gk;
+    uint4* dx = is_q ? dq : dk;
+    const float* w = is_q ? qw : kw;
+    float* part = is_q ? qpart : kpart;
+    const int t = threadIdx.x & 7, slot = threadIdx.x >> 3;
+    float acc1[8], acc2[8];  // the weights are read per row, from L1
+#pragma unroll
+    for (int i = 0; i < 8; i++) { acc1[i] = 0.f; acc2[i] = 0.f; }
+    const long long step = (long long)nblk * 32;
+    for (long long base = (long long)blk * 32 + slot; base < nrows; base += step * ROWS) {
+        uint4 vx1[ROWS], vx2[ROWS], vg1[ROWS], vg2[ROWS];
+        float4 c[ROWS][2], s[ROWS][2];
+        bool ok[ROWS];
+#pragma unroll
+        for (int u = 0; u < ROWS; u++) {
+            long long r = base + u * step;
+            ok[u] = r < nrows;
+            long long rr = ok[u] ? r : base;
+            const long long e = rr * 16 + t;  // in uint4 (8 bf16): a row is 16 of them
+            vx1[u] = x[e]; vx2[u] = x[e + 8]; vg1[u] = g[e]; vg2[u] = g[e + 8];
+            long long pos = (rr / H) % S;
+            c[u][0] = cos[pos * 16 + t * 2]; c[u][1] = cos[pos * 16 + t * 2 + 1];
+            s[u][0] = sin[pos * 16 + t * 2]; s[u][1] = sin[pos * 16 + t * 2 + 1];
+        }
+#pragma unroll
+        for (int u = 0; u < ROWS; u++) {
+            float x1[8], x2[8], g1[8], g2[8];
+            unpack(vx1[u], x1); unpack(vx2[u], x2); unpack(vg1[u], g1); unpack(vg2[u], g2);
+            const float cc[8] = {c[u][0].x, c[u][0].y, c[u][0].z, c[u][0].w,
+                                 c[u][1].x, c[u][1].y, c[u][1].z, c[u][1].w};
+            const float ss[8] = {s[u][0].x, s[u][0].y, s[u][0].z, s[u][0].w,
+                                 s[u][1].x, s[u][1].y, s[u][1].z, s[u][1].w};
+            float sq = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) sq += x1[i] * x1[i] + x2[i] * x2[i];
+            const float rstd = rsqrtf(row_sum(sq) / 128.f + eps);
+            float dot = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                x1[i] *= rstd; x2[i] *= rstd;                 // x_hat
+                const float dz1 = g1[i] * cc[i] + g2[i] * ss[i];
+                const float dz2 = g2[i] * cc[i] - g1[i] * ss[i];
+                if (ok[u]) { acc1[i] += dz1 * x1[i]; acc2[i] += dz2 * x2[i]; }
+                g1[i] = dz1 * __ldg(w + t * 8 + i);            // d x_hat
+                g2[i] = dz2 * __ldg(w + 64 + t * 8 + i);
+                dot += g1[i] * x1[i] + g2[i] * x2[i];
+            }
+            dot = row_sum(dot) / 128.f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                g1[i] = rstd * (g1[i] - x1[i] * dot); g2[i] = rstd * (g2[i] - x2[i] * dot);
+            }
+            if (ok[u]) {
+                const long long e = (base + u * step) * 16 + t;
+                dx[e] = pack(g1); dx[e + 8] = pack(g2);
+            }
+        }
+    }
+    __shared__ float red[32][129];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        red[slot][t * 8 + i] = acc1[i];
+        red[slot][64 + t * 8 + i] = acc2[i];
+    }
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        float v = 0.f;
+        for (int j = 0; j < 32; j++) v += red[j][threadIdx.x];
+        part[(long long)blk * 128 + threadIdx.x] = v;
+    }
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel(rows: int, blocks_per_sm: int):
+    import cupy
+
+    name = f"rows_bwd<{rows}, {blocks_per_sm}>"
+    module = cupy.RawModule(code=SOURCE, options=("-std=c++17",), name_expressions=[name])
+    return module.get_function(name)
+
+
+def rows_backward(dq_out, dk_out, q, k, qw, kw, qw32, kw32, cos, sin, *, rows: int,
+                  blocks_per_sm: int):
+    """(dq, dk, dq_weight, dk_weight) by the candidate design (the probe's scope only);
+    ``qw32``, ``kw32``: the weights in fp32, as the kernel reads them (made once, outside)."""
+    import cupy
+    import numpy as np
+
+    b, s, hq, d = q.shape
+    hk = k.shape[2]
+    q_rows, k_rows = b * s * hq, b * s * hk
+    # a warp's 4 row slots leave the loop together (its shuffles take every lane)
+    assert d == D and q.dtype == torch.bfloat16 and cos.shape[-1] == D // 2
+    assert q_rows % 32 == 0 and k_rows % 32 == 0
+    total = torch.cuda.get_device_properties(q.device).multi_processor_count * blocks_per_sm
+    q_blocks = max(1, round(total * q_rows / (q_rows + k_rows)))
+    k_blocks = max(1, total - q_blocks)
+    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    qpart = torch.empty(q_blocks, D, device=q.device)
+    kpart = torch.empty(k_blocks, D, device=q.device)
+    p = [np.uint64(t.data_ptr()) for t in (q, k, dq_out, dk_out, dq, dk, qw32, kw32, qpart,
+                                           kpart, cos, sin)]
+    stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    _kernel(rows, blocks_per_sm)((q_blocks + k_blocks,), (THREADS,),
+                  (*p, np.int64(q_rows), np.int64(k_rows), np.int32(hq), np.int32(hk),
+                   np.int32(s), np.int32(q_blocks), np.int32(k_blocks), np.float32(bench.EPS)),
+                  stream=stream)
+    return (dq, dk) + qknorm.weight_grads(qpart, kpart, qw, kw)
+
+
+def _check(got, want, label: str) -> None:
+    for i, (a, e) in enumerate(zip(got, want)):
+        a, e = a.float(), e.float()
+        floor = 0.01 * float(e.abs().max()) if i >= 2 else 2**-8 * float(e.abs().max())
+        try:
+            torch.testing.assert_close(a, e, rtol=2**-7, atol=floor)
+        except AssertionError as err:
+            raise SystemExit(f"{label}: output {i} differs from qknorm.backward's: "
+                             f"{str(err).splitlines()[0]}") from None
+
+
+def probe(shape, reps: int) -> list[str]:
+    q, k, qw, kw, cos, sin = bench.inputs(shape, torch.bfloat16, grad=False)
+    cos, sin = bench.fastrope_tables(cos, sin)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    dq_out, dk_out = (torch.randn(x.shape, device="cuda", generator=gen).to(x.dtype)
+                      for x in (q, k))
+    kwargs = dict(cos=cos, sin=sin, positions=None, style="rotate_half", layout="bshd",
+                  rotary_dim=None, base=10000.0, gemma=False)
+
+    def design():
+        return qknorm.backward(dq_out, dk_out, q, k, qw, kw, bench.EPS, **kwargs)
+
+    calls = {"design": design}
+    want = design()
+    for rows, bps in VARIANTS:
+        call = functools.partial(rows_backward, dq_out, dk_out, q, k, qw, kw, qw.float(),
+                                 kw.float(), cos, sin, rows=rows, blocks_per_sm=bps)
+        _check(call(), want, f"{shape.name}, {rows} rows a thread, {bps} blocks an SM")
+        calls[(rows, bps)] = call
+    us = min_of_interleaved(calls, reps=reps, timer=graph_median_us)
+    moved = 3 * (q.numel() + k.numel()) * q.element_size() // 2  # copy_us moves 2x this
+    same = copy_us(moved, graph=True)
+    cells = [f"{us[c]:.1f} ({100 * same / us[c]:.0f}%)" for c in calls]
+    return [shape.name, *cells, f"{same:.1f}"]
+
+
+def main(argv=None) -> int:
+    ap = probe_parser("tools.qknorm_rows_backward_probe", __doc__, reps=5)
+    ap.add_argument("--shapes", nargs="*", default=SHAPES)
+    args = parse_probe_arguments(ap, argv)
+    shapes = qknorm_shapes(ap, args.shapes)
+    columns = ["shape", "design (us, % copy)",
+               *(f"rows kernel, {r} row{'s' if r > 1 else ''} a thread, {b} blocks an SM"
+                 for r, b in VARIANTS), "same-size copy (us)"]
+    rows = []
+    print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+    for shape in shapes:
+        rows.append(probe(shape, args.reps))
+        print("| " + " | ".join(rows[-1]) + " |", flush=True)
+    write_requested(args, argv, tool="tools.qknorm_rows_backward_probe", doc=__doc__,
+                    section="a CUDA rows kernel for the fused QK-norm's per-head backward",
+                    columns=columns, rows=rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
