@@ -36,8 +36,10 @@ from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
 from tools._probe_kit import parse_probe_arguments, probe_parser, qknorm_shapes, write_requested
 
 SHAPES = ["qwen3-8b prefill 4k", "qwen3-8b train 4x4k", "qwen3-8b prefill 32k"]
-# (rows a thread, blocks an SM): the grid, and the register bound each launch compiles for
-VARIANTS = [(1, 2), (1, 3), (1, 4), (2, 2), (2, 3)]
+# (rows a thread, blocks an SM): the grid, and the register bound each launch compiles for;
+# STAGED: (stages, blocks an SM) of the kernel that stages its rows by cp.async
+VARIANTS = [(1, 2), (1, 3), (2, 2)]
+STAGED = [(2, 2), (3, 2), (2, 3), (4, 1)]
 THREADS = 256
 D = 128
 
@@ -155,22 +157,127 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rows_bwd(
         part[(long long)blk * 128 + threadIdx.x] = v;
     }
 }
+
+// rows_bwd with a thread's rows staged in shared memory STAGES - 1 rows ahead by cp.async (its
+// x and dy chunks, and its table chunks), so the bytes in flight hold no registers. A thread
+// reads back only what it copied itself: cp.async.wait_group orders that, with no barrier.
+__device__ __forceinline__ void cp16(void* dst, const void* src, bool table) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(dst);
+    if (table) asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" :: "r"(a), "l"(src));
+    else asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(a), "l"(src));
+}
+template <int STAGES, int MIN_BLOCKS>
+__global__ void __launch_bounds__(256, MIN_BLOCKS) rows_bwd_staged(
+        const uint4* __restrict__ q, const uint4* __restrict__ k,
+        const uint4* __restrict__ gq, const uint4* __restrict__ gk,
+        uint4* __restrict__ dq, uint4* __restrict__ dk,
+        const float* __restrict__ qw, const float* __restrict__ kw,
+        float* __restrict__ qpart, float* __restrict__ kpart,
+        const float4* __restrict__ cos, const float4* __restrict__ sin,
+        long long q_rows, long long k_rows, int hq, int hk, int S, int q_blocks, int k_blocks,
+        float eps) {
+    extern __shared__ uint4 stage[];  // [STAGES][256][8]
+    const bool is_q = blockIdx.x < q_blocks;
+    const int blk = is_q ? blockIdx.x : blockIdx.x - q_blocks;
+    const int nblk = is_q ? q_blocks : k_blocks;
+    const long long nrows = is_q ? q_rows : k_rows;
+    const int H = is_q ? hq : hk;
+    const uint4* x = is_q ? q : k;
+    const uint4* g = is_q ? gq : gk;
+    uint4* dx = is_q ? dq : dk;
+    const float* w = is_q ? qw : kw;
+    float* part = is_q ? qpart : kpart;
+    const int t = threadIdx.x & 7, slot = threadIdx.x >> 3;
+    const long long step = (long long)nblk * 32, first = (long long)blk * 32 + slot;
+    float acc1[8], acc2[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) { acc1[i] = 0.f; acc2[i] = 0.f; }
+    auto issue = [&](long long i) {
+        const long long r = first + i * step;
+        if (r < nrows) {
+            uint4* d = stage + ((i % STAGES) * 256 + threadIdx.x) * 8;
+            const long long e = r * 16 + t;
+            const long long pos = (r / H) % S;
+            cp16(d, x + e, false); cp16(d + 1, x + e + 8, false);
+            cp16(d + 2, g + e, false); cp16(d + 3, g + e + 8, false);
+            const long long c = pos * 16 + t * 2;
+            cp16(d + 4, cos + c, true); cp16(d + 5, cos + c + 1, true);
+            cp16(d + 6, sin + c, true); cp16(d + 7, sin + c + 1, true);
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+#pragma unroll
+    for (int p = 0; p < STAGES - 1; p++) issue(p);
+    for (long long i = 0; first + i * step < nrows; i++) {
+        issue(i + STAGES - 1);
+        asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 1));
+        const uint4* d = stage + ((i % STAGES) * 256 + threadIdx.x) * 8;
+        float x1[8], x2[8], g1[8], g2[8];
+        unpack(d[0], x1); unpack(d[1], x2); unpack(d[2], g1); unpack(d[3], g2);
+        const float4 c0 = reinterpret_cast<const float4&>(d[4]);
+        const float4 c1 = reinterpret_cast<const float4&>(d[5]);
+        const float4 s0 = reinterpret_cast<const float4&>(d[6]);
+        const float4 s1 = reinterpret_cast<const float4&>(d[7]);
+        const float cc[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+        const float ss[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+        float sq = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) sq += x1[j] * x1[j] + x2[j] * x2[j];
+        const float rstd = rsqrtf(row_sum(sq) / 128.f + eps);
+        float dot = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            x1[j] *= rstd; x2[j] *= rstd;
+            const float dz1 = g1[j] * cc[j] + g2[j] * ss[j];
+            const float dz2 = g2[j] * cc[j] - g1[j] * ss[j];
+            acc1[j] += dz1 * x1[j]; acc2[j] += dz2 * x2[j];
+            g1[j] = dz1 * __ldg(w + t * 8 + j);
+            g2[j] = dz2 * __ldg(w + 64 + t * 8 + j);
+            dot += g1[j] * x1[j] + g2[j] * x2[j];
+        }
+        dot = row_sum(dot) / 128.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            g1[j] = rstd * (g1[j] - x1[j] * dot); g2[j] = rstd * (g2[j] - x2[j] * dot);
+        }
+        const long long e = (first + i * step) * 16 + t;
+        dx[e] = pack(g1); dx[e + 8] = pack(g2);
+    }
+    asm volatile("cp.async.wait_all;");
+    __syncthreads();
+    float (*red)[129] = reinterpret_cast<float (*)[129]>(stage);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        red[slot][t * 8 + i] = acc1[i];
+        red[slot][64 + t * 8 + i] = acc2[i];
+    }
+    __syncthreads();
+    if (threadIdx.x < 128) {
+        float v = 0.f;
+        for (int j = 0; j < 32; j++) v += red[j][threadIdx.x];
+        part[(long long)blk * 128 + threadIdx.x] = v;
+    }
+}
 """
 
 
 @functools.lru_cache(maxsize=None)
-def _kernel(rows: int, blocks_per_sm: int):
+def _kernel(name: str, a: int, blocks_per_sm: int, smem: int = 0):
     import cupy
 
-    name = f"rows_bwd<{rows}, {blocks_per_sm}>"
+    name = f"{name}<{a}, {blocks_per_sm}>"
     module = cupy.RawModule(code=SOURCE, options=("-std=c++17",), name_expressions=[name])
-    return module.get_function(name)
+    fn = module.get_function(name)
+    if smem:
+        fn.max_dynamic_shared_size_bytes = smem
+    return fn
 
 
 def rows_backward(dq_out, dk_out, q, k, qw, kw, qw32, kw32, cos, sin, *, rows: int,
-                  blocks_per_sm: int):
+                  blocks_per_sm: int, stages: int = 0):
     """(dq, dk, dq_weight, dk_weight) by the candidate design (the probe's scope only);
-    ``qw32``, ``kw32``: the weights in fp32, as the kernel reads them (made once, outside)."""
+    ``qw32``, ``kw32``: the weights in fp32, as the kernel reads them (made once, outside);
+    ``stages``: the staged kernel with that many (``rows`` unused), else the plain one."""
     import cupy
     import numpy as np
 
@@ -189,10 +296,13 @@ def rows_backward(dq_out, dk_out, q, k, qw, kw, qw32, kw32, cos, sin, *, rows: i
     p = [np.uint64(t.data_ptr()) for t in (q, k, dq_out, dk_out, dq, dk, qw32, kw32, qpart,
                                            kpart, cos, sin)]
     stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-    _kernel(rows, blocks_per_sm)((q_blocks + k_blocks,), (THREADS,),
-                  (*p, np.int64(q_rows), np.int64(k_rows), np.int32(hq), np.int32(hk),
-                   np.int32(s), np.int32(q_blocks), np.int32(k_blocks), np.float32(bench.EPS)),
-                  stream=stream)
+    smem = stages * THREADS * 8 * 16
+    fn = (_kernel("rows_bwd_staged", stages, blocks_per_sm, smem) if stages
+          else _kernel("rows_bwd", rows, blocks_per_sm))
+    fn((q_blocks + k_blocks,), (THREADS,),
+       (*p, np.int64(q_rows), np.int64(k_rows), np.int32(hq), np.int32(hk),
+        np.int32(s), np.int32(q_blocks), np.int32(k_blocks), np.float32(bench.EPS)),
+       stream=stream, shared_mem=smem if stages else 0)
     return (dq, dk) + qknorm.weight_grads(qpart, kpart, qw, kw)
 
 
@@ -226,6 +336,11 @@ def probe(shape, reps: int) -> list[str]:
                                  kw.float(), cos, sin, rows=rows, blocks_per_sm=bps)
         _check(call(), want, f"{shape.name}, {rows} rows a thread, {bps} blocks an SM")
         calls[(rows, bps)] = call
+    for stages, bps in STAGED:
+        call = functools.partial(rows_backward, dq_out, dk_out, q, k, qw, kw, qw.float(),
+                                 kw.float(), cos, sin, rows=1, blocks_per_sm=bps, stages=stages)
+        _check(call(), want, f"{shape.name}, staged {stages} rows, {bps} blocks an SM")
+        calls[("staged", stages, bps)] = call
     us = min_of_interleaved(calls, reps=reps, timer=graph_median_us)
     moved = 3 * (q.numel() + k.numel()) * q.element_size() // 2  # copy_us moves 2x this
     same = copy_us(moved, graph=True)
@@ -240,7 +355,9 @@ def main(argv=None) -> int:
     shapes = qknorm_shapes(ap, args.shapes)
     columns = ["shape", "design (us, % copy)",
                *(f"rows kernel, {r} row{'s' if r > 1 else ''} a thread, {b} blocks an SM"
-                 for r, b in VARIANTS), "same-size copy (us)"]
+                 for r, b in VARIANTS),
+               *(f"rows staged by cp.async, {st} stages, {b} block{'s' if b > 1 else ''} an SM"
+                 for st, b in STAGED), "same-size copy (us)"]
     rows = []
     print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
     for shape in shapes:
