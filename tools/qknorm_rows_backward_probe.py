@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rows_bwd_staged(
         const float4* __restrict__ cos, const float4* __restrict__ sin,
         long long q_rows, long long k_rows, int hq, int hk, int S, int q_blocks, int k_blocks,
         float eps) {
-    extern __shared__ uint4 stage[];  // [STAGES][256][8]
+    extern __shared__ uint4 stage[];  // [STAGES][8 chunks][256 threads]: no bank conflicts
     const bool is_q = blockIdx.x < q_blocks;
     const int blk = is_q ? blockIdx.x : blockIdx.x - q_blocks;
     const int nblk = is_q ? q_blocks : k_blocks;
@@ -195,14 +195,14 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rows_bwd_staged(
     auto issue = [&](long long i) {
         const long long r = first + i * step;
         if (r < nrows) {
-            uint4* d = stage + ((i % STAGES) * 256 + threadIdx.x) * 8;
+            uint4* d = stage + (i % STAGES) * 2048 + threadIdx.x;
             const long long e = r * 16 + t;
             const long long pos = (r / H) % S;
-            cp16(d, x + e, false); cp16(d + 1, x + e + 8, false);
-            cp16(d + 2, g + e, false); cp16(d + 3, g + e + 8, false);
+            cp16(d, x + e, false); cp16(d + 256, x + e + 8, false);
+            cp16(d + 512, g + e, false); cp16(d + 768, g + e + 8, false);
             const long long c = pos * 16 + t * 2;
-            cp16(d + 4, cos + c, true); cp16(d + 5, cos + c + 1, true);
-            cp16(d + 6, sin + c, true); cp16(d + 7, sin + c + 1, true);
+            cp16(d + 1024, cos + c, true); cp16(d + 1280, cos + c + 1, true);
+            cp16(d + 1536, sin + c, true); cp16(d + 1792, sin + c + 1, true);
         }
         asm volatile("cp.async.commit_group;");
     };
@@ -211,13 +211,13 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rows_bwd_staged(
     for (long long i = 0; first + i * step < nrows; i++) {
         issue(i + STAGES - 1);
         asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 1));
-        const uint4* d = stage + ((i % STAGES) * 256 + threadIdx.x) * 8;
+        const uint4* d = stage + (i % STAGES) * 2048 + threadIdx.x;
         float x1[8], x2[8], g1[8], g2[8];
-        unpack(d[0], x1); unpack(d[1], x2); unpack(d[2], g1); unpack(d[3], g2);
-        const float4 c0 = reinterpret_cast<const float4&>(d[4]);
-        const float4 c1 = reinterpret_cast<const float4&>(d[5]);
-        const float4 s0 = reinterpret_cast<const float4&>(d[6]);
-        const float4 s1 = reinterpret_cast<const float4&>(d[7]);
+        unpack(d[0], x1); unpack(d[256], x2); unpack(d[512], g1); unpack(d[768], g2);
+        const float4 c0 = reinterpret_cast<const float4&>(d[1024]);
+        const float4 c1 = reinterpret_cast<const float4&>(d[1280]);
+        const float4 s0 = reinterpret_cast<const float4&>(d[1536]);
+        const float4 s1 = reinterpret_cast<const float4&>(d[1792]);
         const float cc[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
         const float ss[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
         float sq = 0.f;
