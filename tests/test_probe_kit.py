@@ -1,15 +1,16 @@
 """The probes' results data file (tools/_probe_kit.py) is one tools/results_tables.py renders,
 with the run's command, commit and machine; the A/B probe refuses a --before that is not a
-rope.cu, the table-bytes and minimal-kernel probes an unknown shape, and the probes that take
---reps a count below 1, before they need a GPU; the traffic-pattern probe's copy kernels compile
-for sm_90."""
+rope.cu, the qknorm probes an unknown shape, and the probes that take --reps a count below 1,
+before they need a GPU; the traffic-pattern probe's copy kernels and the rows-backward probe's
+kernels compile for sm_90."""
 import json
 
 import pytest
 import torch
 
-from tools import (_probe_kit, qknorm_minimal_probe, qknorm_table_bytes_probe, results_tables,
-                   rows_given_probe, source_ab_probe, traffic_pattern_probe)
+from tools import (_probe_kit, qknorm_minimal_probe, qknorm_rows_backward_probe,
+                   qknorm_table_bytes_probe, results_tables, rows_given_probe, source_ab_probe,
+                   traffic_pattern_probe)
 
 
 def test_write_data_file_is_a_results_table(tmp_path):
@@ -36,7 +37,8 @@ def test_source_ab_probe_refuses_a_file_that_is_not_rope_cu(tmp_path, capsys):
         assert "--before" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("probe", [qknorm_table_bytes_probe, qknorm_minimal_probe])
+@pytest.mark.parametrize("probe", [qknorm_table_bytes_probe, qknorm_minimal_probe,
+                                   qknorm_rows_backward_probe])
 def test_qknorm_probes_refuse_an_unknown_shape(capsys, probe):
     with pytest.raises(SystemExit) as e:
         probe.main(["--shapes", "qwen3-8b prefill 5k"])
@@ -46,7 +48,7 @@ def test_qknorm_probes_refuse_an_unknown_shape(capsys, probe):
 
 
 @pytest.mark.parametrize("probe", [rows_given_probe, qknorm_minimal_probe,
-                                   traffic_pattern_probe])
+                                   qknorm_rows_backward_probe, traffic_pattern_probe])
 def test_probes_refuse_fewer_than_one_round(capsys, probe):
     with pytest.raises(SystemExit) as e:
         probe.main(["--reps", "0"])
@@ -86,6 +88,21 @@ def test_traffic_pattern_copy_kernels_compile_for_sm90():
     names = [name for name, *_ in traffic_pattern_probe.COPIES.values()]
     for name in [*names, traffic_pattern_probe.ROTATION]:
         assert f".entry {name}(" in text, name
+
+
+def test_qknorm_rows_backward_kernels_compile_for_sm90():
+    """Every variant the rows-backward probe launches compiles (NVRTC, no GPU)."""
+    from ports import _cupy
+
+    p = qknorm_rows_backward_probe
+    names = [f"rows_bwd<{r}, {b}>" for r, b in p.VARIANTS] + [
+        f"rows_bwd_staged<{st}, {b}>" for st, b in p.STAGED]
+    try:
+        _, lowered = _cupy.compile_source(p.SOURCE, filename="rows_bwd.cu", options=(),
+                                          name_expressions=names, arch="sm_90")
+    except Exception as e:  # noqa: BLE001 - the reason is the skip's message
+        pytest.skip(f"NVRTC cannot compile here: {e}")
+    assert set(lowered) == set(names)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(),
