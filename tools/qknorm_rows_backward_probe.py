@@ -69,82 +69,67 @@ __device__ __forceinline__ float row_sum(float v) {  // over the 8 lanes of a ro
 }
 
 // Grid (q blocks + k blocks), 256 threads: 32 row slots of 8 threads. Row r of a tensor of H
-// heads is token r / H, head r % H; its position is token % S.
-template <int ROWS, int MIN_BLOCKS>
-__global__ void __launch_bounds__(256, MIN_BLOCKS) rows_bwd(
-        const uint4* __restrict__ q, const uint4* __restrict__ k,
-        const uint4* __restrict__ gq, const uint4* __restrict__ gk,
-        uint4* __restrict__ dq, uint4* __restrict__ dk,
-        const float* __restrict__ qw, const float* __restrict__ kw,
-        float* __restrict__ qpart, float* __restrict__ kpart,
-        const float4* __restrict__ cos, const float4* __restrict__ sin,
-        long long q_rows, long long k_rows, int hq, int hk, int S, int q_blocks, int k_blocks,
-        float eps) {
+// heads is token r / H, head r % H; its position is token % S. The block's tensor:
+struct Side {
+    const uint4* x; const uint4* g; uint4* dx; const float* w; float* part;
+    long long rows, step, first; int H, blk;
+};
+#define ROWS_BWD_ARGS                                                                          \
+        const uint4* __restrict__ q, const uint4* __restrict__ k,                               \
+        const uint4* __restrict__ gq, const uint4* __restrict__ gk,                             \
+        uint4* __restrict__ dq, uint4* __restrict__ dk,                                         \
+        const float* __restrict__ qw, const float* __restrict__ kw,                             \
+        float* __restrict__ qpart, float* __restrict__ kpart,                                   \
+        const float4* __restrict__ cos, const float4* __restrict__ sin,                         \
+        long long q_rows, long long k_rows, int hq, int hk, int S, int q_blocks, int k_blocks,  \
+        float eps
+__device__ __forceinline__ Side side_of(const uint4* q, const uint4* k, const uint4* gq,
+        const uint4* gk, uint4* dq, uint4* dk, const float* qw, const float* kw, float* qpart,
+        float* kpart, long long q_rows, long long k_rows, int hq, int hk, int q_blocks,
+        int k_blocks) {
     const bool is_q = blockIdx.x < q_blocks;
-    const int blk = is_q ? blockIdx.x : blockIdx.x - q_blocks;
-    const int nblk = is_q ? q_blocks : k_blocks;
-    const long long nrows = is_q ? q_rows : k_rows;
-    const int H = is_q ? hq : hk;
-    const uint4* x = is_q ? q : k;
-    const uint4* g = is_q ? gq : gk;
-    uint4* dx = is_q ? dq : dk;
-    const float* w = is_q ? qw : kw;
-    float* part = is_q ? qpart : kpart;
-    const int t = threadIdx.x & 7, slot = threadIdx.x >> 3;
-    float acc1[8], acc2[8];  // the weights are read per row, from L1
+    Side sd;
+    sd.blk = is_q ? blockIdx.x : blockIdx.x - q_blocks;
+    sd.x = is_q ? q : k; sd.g = is_q ? gq : gk; sd.dx = is_q ? dq : dk; sd.w = is_q ? qw : kw;
+    sd.part = is_q ? qpart : kpart; sd.rows = is_q ? q_rows : k_rows; sd.H = is_q ? hq : hk;
+    sd.step = (long long)(is_q ? q_blocks : k_blocks) * 32;
+    sd.first = (long long)sd.blk * 32 + (threadIdx.x >> 3);
+    return sd;
+}
+
+// One row's dx, in place of g1, g2 (x1, x2 become x_hat), and its dz * x_hat into the sums.
+__device__ __forceinline__ void row_backward(float* x1, float* x2, float* g1, float* g2,
+        const float4* c, const float4* s, const float* w, int t, float eps, bool sums,
+        float* acc1, float* acc2) {
+    const float cc[8] = {c[0].x, c[0].y, c[0].z, c[0].w, c[1].x, c[1].y, c[1].z, c[1].w};
+    const float ss[8] = {s[0].x, s[0].y, s[0].z, s[0].w, s[1].x, s[1].y, s[1].z, s[1].w};
+    float sq = 0.f;
 #pragma unroll
-    for (int i = 0; i < 8; i++) { acc1[i] = 0.f; acc2[i] = 0.f; }
-    const long long step = (long long)nblk * 32;
-    for (long long base = (long long)blk * 32 + slot; base < nrows; base += step * ROWS) {
-        uint4 vx1[ROWS], vx2[ROWS], vg1[ROWS], vg2[ROWS];
-        float4 c[ROWS][2], s[ROWS][2];
-        bool ok[ROWS];
+    for (int i = 0; i < 8; i++) sq += x1[i] * x1[i] + x2[i] * x2[i];
+    const float rstd = rsqrtf(row_sum(sq) / 128.f + eps);
+    float dot = 0.f;
 #pragma unroll
-        for (int u = 0; u < ROWS; u++) {
-            long long r = base + u * step;
-            ok[u] = r < nrows;
-            long long rr = ok[u] ? r : base;
-            const long long e = rr * 16 + t;  // in uint4 (8 bf16): a row is 16 of them
-            vx1[u] = x[e]; vx2[u] = x[e + 8]; vg1[u] = g[e]; vg2[u] = g[e + 8];
-            long long pos = (rr / H) % S;
-            c[u][0] = cos[pos * 16 + t * 2]; c[u][1] = cos[pos * 16 + t * 2 + 1];
-            s[u][0] = sin[pos * 16 + t * 2]; s[u][1] = sin[pos * 16 + t * 2 + 1];
-        }
-#pragma unroll
-        for (int u = 0; u < ROWS; u++) {
-            float x1[8], x2[8], g1[8], g2[8];
-            unpack(vx1[u], x1); unpack(vx2[u], x2); unpack(vg1[u], g1); unpack(vg2[u], g2);
-            const float cc[8] = {c[u][0].x, c[u][0].y, c[u][0].z, c[u][0].w,
-                                 c[u][1].x, c[u][1].y, c[u][1].z, c[u][1].w};
-            const float ss[8] = {s[u][0].x, s[u][0].y, s[u][0].z, s[u][0].w,
-                                 s[u][1].x, s[u][1].y, s[u][1].z, s[u][1].w};
-            float sq = 0.f;
-#pragma unroll
-            for (int i = 0; i < 8; i++) sq += x1[i] * x1[i] + x2[i] * x2[i];
-            const float rstd = rsqrtf(row_sum(sq) / 128.f + eps);
-            float dot = 0.f;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                x1[i] *= rstd; x2[i] *= rstd;                 // x_hat
-                const float dz1 = g1[i] * cc[i] + g2[i] * ss[i];
-                const float dz2 = g2[i] * cc[i] - g1[i] * ss[i];
-                if (ok[u]) { acc1[i] += dz1 * x1[i]; acc2[i] += dz2 * x2[i]; }
-                g1[i] = dz1 * __ldg(w + t * 8 + i);            // d x_hat
-                g2[i] = dz2 * __ldg(w + 64 + t * 8 + i);
-                dot += g1[i] * x1[i] + g2[i] * x2[i];
-            }
-            dot = row_sum(dot) / 128.f;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                g1[i] = rstd * (g1[i] - x1[i] * dot); g2[i] = rstd * (g2[i] - x2[i] * dot);
-            }
-            if (ok[u]) {
-                const long long e = (base + u * step) * 16 + t;
-                dx[e] = pack(g1); dx[e + 8] = pack(g2);
-            }
-        }
+    for (int i = 0; i < 8; i++) {
+        x1[i] *= rstd; x2[i] *= rstd;                 // x_hat
+        const float dz1 = g1[i] * cc[i] + g2[i] * ss[i];
+        const float dz2 = g2[i] * cc[i] - g1[i] * ss[i];
+        if (sums) { acc1[i] += dz1 * x1[i]; acc2[i] += dz2 * x2[i]; }
+        g1[i] = dz1 * __ldg(w + t * 8 + i);            // d x_hat (the weights from L1)
+        g2[i] = dz2 * __ldg(w + 64 + t * 8 + i);
+        dot += g1[i] * x1[i] + g2[i] * x2[i];
     }
-    __shared__ float red[32][129];
+    dot = row_sum(dot) / 128.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        g1[i] = rstd * (g1[i] - x1[i] * dot); g2[i] = rstd * (g2[i] - x2[i] * dot);
+    }
+}
+
+// The block's sums over its 32 row slots, in a fixed order, as its partial row; ``red`` holds
+// 32 x 129 floats (the callers' shared memory).
+__device__ __forceinline__ void write_partial(float (*red)[129], const float* acc1,
+        const float* acc2, float* part, int blk) {
+    const int t = threadIdx.x & 7, slot = threadIdx.x >> 3;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         red[slot][t * 8 + i] = acc1[i];
@@ -158,6 +143,42 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rows_bwd(
     }
 }
 
+template <int ROWS, int MIN_BLOCKS>
+__global__ void __launch_bounds__(256, MIN_BLOCKS) rows_bwd(ROWS_BWD_ARGS) {
+    const Side sd = side_of(q, k, gq, gk, dq, dk, qw, kw, qpart, kpart, q_rows, k_rows, hq, hk,
+                            q_blocks, k_blocks);
+    const int t = threadIdx.x & 7;
+    float acc1[8] = {}, acc2[8] = {};
+    for (long long base = sd.first; base < sd.rows; base += sd.step * ROWS) {
+        uint4 vx1[ROWS], vx2[ROWS], vg1[ROWS], vg2[ROWS];
+        float4 c[ROWS][2], s[ROWS][2];
+        bool ok[ROWS];
+#pragma unroll
+        for (int u = 0; u < ROWS; u++) {  // every row's loads before any row's math
+            long long r = base + u * sd.step;
+            ok[u] = r < sd.rows;
+            long long rr = ok[u] ? r : base;
+            const long long e = rr * 16 + t;  // in uint4 (8 bf16): a row is 16 of them
+            vx1[u] = sd.x[e]; vx2[u] = sd.x[e + 8]; vg1[u] = sd.g[e]; vg2[u] = sd.g[e + 8];
+            long long pos = (rr / sd.H) % S;
+            c[u][0] = cos[pos * 16 + t * 2]; c[u][1] = cos[pos * 16 + t * 2 + 1];
+            s[u][0] = sin[pos * 16 + t * 2]; s[u][1] = sin[pos * 16 + t * 2 + 1];
+        }
+#pragma unroll
+        for (int u = 0; u < ROWS; u++) {
+            float x1[8], x2[8], g1[8], g2[8];
+            unpack(vx1[u], x1); unpack(vx2[u], x2); unpack(vg1[u], g1); unpack(vg2[u], g2);
+            row_backward(x1, x2, g1, g2, c[u], s[u], sd.w, t, eps, ok[u], acc1, acc2);
+            if (ok[u]) {
+                const long long e = (base + u * sd.step) * 16 + t;
+                sd.dx[e] = pack(g1); sd.dx[e + 8] = pack(g2);
+            }
+        }
+    }
+    __shared__ float red[32][129];
+    write_partial(red, acc1, acc2, sd.part, sd.blk);
+}
+
 // rows_bwd with a thread's rows staged in shared memory STAGES - 1 rows ahead by cp.async (its
 // x and dy chunks, and its table chunks), so the bytes in flight hold no registers. A thread
 // reads back only what it copied itself: cp.async.wait_group orders that, with no barrier.
@@ -167,40 +188,20 @@ __device__ __forceinline__ void cp16(void* dst, const void* src, bool table) {
     else asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(a), "l"(src));
 }
 template <int STAGES, int MIN_BLOCKS>
-__global__ void __launch_bounds__(256, MIN_BLOCKS) rows_bwd_staged(
-        const uint4* __restrict__ q, const uint4* __restrict__ k,
-        const uint4* __restrict__ gq, const uint4* __restrict__ gk,
-        uint4* __restrict__ dq, uint4* __restrict__ dk,
-        const float* __restrict__ qw, const float* __restrict__ kw,
-        float* __restrict__ qpart, float* __restrict__ kpart,
-        const float4* __restrict__ cos, const float4* __restrict__ sin,
-        long long q_rows, long long k_rows, int hq, int hk, int S, int q_blocks, int k_blocks,
-        float eps) {
+__global__ void __launch_bounds__(256, MIN_BLOCKS) rows_bwd_staged(ROWS_BWD_ARGS) {
     extern __shared__ uint4 stage[];  // [STAGES][8 chunks][256 threads]: no bank conflicts
-    const bool is_q = blockIdx.x < q_blocks;
-    const int blk = is_q ? blockIdx.x : blockIdx.x - q_blocks;
-    const int nblk = is_q ? q_blocks : k_blocks;
-    const long long nrows = is_q ? q_rows : k_rows;
-    const int H = is_q ? hq : hk;
-    const uint4* x = is_q ? q : k;
-    const uint4* g = is_q ? gq : gk;
-    uint4* dx = is_q ? dq : dk;
-    const float* w = is_q ? qw : kw;
-    float* part = is_q ? qpart : kpart;
-    const int t = threadIdx.x & 7, slot = threadIdx.x >> 3;
-    const long long step = (long long)nblk * 32, first = (long long)blk * 32 + slot;
-    float acc1[8], acc2[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++) { acc1[i] = 0.f; acc2[i] = 0.f; }
+    const Side sd = side_of(q, k, gq, gk, dq, dk, qw, kw, qpart, kpart, q_rows, k_rows, hq, hk,
+                            q_blocks, k_blocks);
+    const int t = threadIdx.x & 7;
+    float acc1[8] = {}, acc2[8] = {};
     auto issue = [&](long long i) {
-        const long long r = first + i * step;
-        if (r < nrows) {
+        const long long r = sd.first + i * sd.step;
+        if (r < sd.rows) {
             uint4* d = stage + (i % STAGES) * 2048 + threadIdx.x;
             const long long e = r * 16 + t;
-            const long long pos = (r / H) % S;
-            cp16(d, x + e, false); cp16(d + 256, x + e + 8, false);
-            cp16(d + 512, g + e, false); cp16(d + 768, g + e + 8, false);
-            const long long c = pos * 16 + t * 2;
+            const long long c = (r / sd.H) % S * 16 + t * 2;
+            cp16(d, sd.x + e, false); cp16(d + 256, sd.x + e + 8, false);
+            cp16(d + 512, sd.g + e, false); cp16(d + 768, sd.g + e + 8, false);
             cp16(d + 1024, cos + c, true); cp16(d + 1280, cos + c + 1, true);
             cp16(d + 1536, sin + c, true); cp16(d + 1792, sin + c + 1, true);
         }
@@ -208,55 +209,23 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rows_bwd_staged(
     };
 #pragma unroll
     for (int p = 0; p < STAGES - 1; p++) issue(p);
-    for (long long i = 0; first + i * step < nrows; i++) {
+    for (long long i = 0; sd.first + i * sd.step < sd.rows; i++) {
         issue(i + STAGES - 1);
         asm volatile("cp.async.wait_group %0;" :: "n"(STAGES - 1));
         const uint4* d = stage + (i % STAGES) * 2048 + threadIdx.x;
         float x1[8], x2[8], g1[8], g2[8];
         unpack(d[0], x1); unpack(d[256], x2); unpack(d[512], g1); unpack(d[768], g2);
-        const float4 c0 = reinterpret_cast<const float4&>(d[1024]);
-        const float4 c1 = reinterpret_cast<const float4&>(d[1280]);
-        const float4 s0 = reinterpret_cast<const float4&>(d[1536]);
-        const float4 s1 = reinterpret_cast<const float4&>(d[1792]);
-        const float cc[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-        const float ss[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-        float sq = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) sq += x1[j] * x1[j] + x2[j] * x2[j];
-        const float rstd = rsqrtf(row_sum(sq) / 128.f + eps);
-        float dot = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            x1[j] *= rstd; x2[j] *= rstd;
-            const float dz1 = g1[j] * cc[j] + g2[j] * ss[j];
-            const float dz2 = g2[j] * cc[j] - g1[j] * ss[j];
-            acc1[j] += dz1 * x1[j]; acc2[j] += dz2 * x2[j];
-            g1[j] = dz1 * __ldg(w + t * 8 + j);
-            g2[j] = dz2 * __ldg(w + 64 + t * 8 + j);
-            dot += g1[j] * x1[j] + g2[j] * x2[j];
-        }
-        dot = row_sum(dot) / 128.f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            g1[j] = rstd * (g1[j] - x1[j] * dot); g2[j] = rstd * (g2[j] - x2[j] * dot);
-        }
-        const long long e = (first + i * step) * 16 + t;
-        dx[e] = pack(g1); dx[e + 8] = pack(g2);
+        const float4 c[2] = {reinterpret_cast<const float4&>(d[1024]),
+                             reinterpret_cast<const float4&>(d[1280])};
+        const float4 s[2] = {reinterpret_cast<const float4&>(d[1536]),
+                             reinterpret_cast<const float4&>(d[1792])};
+        row_backward(x1, x2, g1, g2, c, s, sd.w, t, eps, true, acc1, acc2);
+        const long long e = (sd.first + i * sd.step) * 16 + t;
+        sd.dx[e] = pack(g1); sd.dx[e + 8] = pack(g2);
     }
     asm volatile("cp.async.wait_all;");
     __syncthreads();
-    float (*red)[129] = reinterpret_cast<float (*)[129]>(stage);
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        red[slot][t * 8 + i] = acc1[i];
-        red[slot][64 + t * 8 + i] = acc2[i];
-    }
-    __syncthreads();
-    if (threadIdx.x < 128) {
-        float v = 0.f;
-        for (int j = 0; j < 32; j++) v += red[j][threadIdx.x];
-        part[(long long)blk * 128 + threadIdx.x] = v;
-    }
+    write_partial(reinterpret_cast<float (*)[129]>(stage), acc1, acc2, sd.part, sd.blk);
 }
 """
 
