@@ -11,19 +11,32 @@ from reference.tables import first_members
 Forward = Callable[[Sequence[torch.Tensor]], tuple[torch.Tensor, ...]]
 
 
+class AutogradCall:
+    """A backward case's prepared call: the gradients of ``forward()`` (outputs of ``leaves``)
+    for ``grads`` by autograd, its graph built once here (outside the timed call). ``step`` and
+    ``forward`` are what a CUDA-graph timing of the backward's kernels takes
+    (``ports.harness.timing.backward_graph_us``): the forward then the backward, the graph
+    built in the call, and the forward alone."""
+
+    def __init__(self, forward: Callable[[], Sequence[torch.Tensor]],
+                 leaves: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]):
+        self.forward, self.leaves, self.grads = forward, leaves, grads
+        self._outs = forward()
+
+    def __call__(self):
+        return torch.autograd.grad(self._outs, self.leaves, self.grads, retain_graph=True)
+
+    def step(self):
+        return torch.autograd.grad(self.forward(), self.leaves, self.grads)
+
+
 def forward_or_backward(case: RopeCase, inputs: RopeInputs, forward: Forward):
     """A zero-argument call: ``forward(xs)`` for forward cases; for backward cases the gradient
-    through ``forward`` by autograd, with the graph built once here (outside the timed call)."""
+    through ``forward`` by autograd (:class:`AutogradCall`)."""
     if case.direction == "forward":
         return lambda: tuple(forward(inputs.xs))
     leaves = [x.detach().requires_grad_(True) for x in inputs.xs]
-    outs = forward(leaves)
-    grads = inputs.grads
-
-    def backward():
-        return torch.autograd.grad(outs, leaves, grads, retain_graph=True)
-
-    return backward
+    return AutogradCall(lambda: forward(leaves), leaves, inputs.grads)
 
 
 def half_width_tables(case: RopeCase, inputs: RopeInputs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import torch
 
 from ports import _alloc, registry
+from ports._adapters import AutogradCall
 from ports._spec import ImplSpec
 from ports.harness import env, metrics, timing
 from ports.harness.result import CaseReport, Result
@@ -156,10 +157,11 @@ def _run_one(case, spec, inputs, targets, timing_on, graph) -> Result:
         if result.status == "ok":
             if timing_on:
                 result.median_us = timing.median_us(fn)
-                # Forward only: autograd runs a backward's kernels on its forward's stream,
-                # which a capture on another stream cannot record.
                 if graph and case.direction == "forward":
                     result.graph_us = timing.graph_median_us(fn)
+                elif graph and isinstance(fn, AutogradCall):
+                    # autograd runs a backward on its forward's stream: captured with it
+                    result.graph_us = timing.backward_graph_us(fn.step, fn.forward)
             else:
                 result.timing_note = "timing needs an NVIDIA GPU"
         else:

@@ -33,6 +33,14 @@ def graph_median_us(fn, *, rep_ms: int = REP_MS) -> float:
     return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e3
 
 
+def backward_graph_us(step, forward, *, rep_ms: int = REP_MS) -> float:
+    """The GPU time of a backward's kernels: ``step()`` (a forward, then its backward by
+    autograd) and ``forward()`` (the forward alone, with grad) each replayed from a CUDA graph,
+    the first's median less the second's (at least 0). Autograd runs a backward on its forward's
+    stream, so a capture holds the backward only with its forward inside it."""
+    return max(0.0, graph_median_us(step, rep_ms=rep_ms) - graph_median_us(forward, rep_ms=rep_ms))
+
+
 @functools.cache
 def copy_bandwidth_gbps(device_index: int = 0, nbytes: int = COPY_BYTES) -> float:
     """Device-to-device copy bandwidth, GB/s counting bytes read plus bytes written."""

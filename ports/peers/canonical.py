@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from ports._adapters import forward_or_backward, half_width_tables
+from ports._adapters import AutogradCall, forward_or_backward, half_width_tables
 from ports.peers import NotInstalled, PeerSpec, flash_attn_rotary, import_peer
 from reference.case import RopeCase, RopeInputs
 from reference.tables import expand_half, first_members
@@ -110,9 +110,8 @@ def _in_place_call(case: RopeCase, inputs: RopeInputs, rotate):
     if case.direction == "forward":
         return lambda: tuple(rotate(buffers))
     leaves = [b.requires_grad_(True) for b in buffers]
-    outs = rotate([leaf.clone() for leaf in leaves])
     grads = [g.clone() for g in inputs.grads]
-    return lambda: torch.autograd.grad(outs, leaves, grads, retain_graph=True)
+    return AutogradCall(lambda: rotate([leaf.clone() for leaf in leaves]), leaves, grads)
 
 
 # ---- Liger-Kernel ----------------------------------------------------------------------------
