@@ -12,22 +12,29 @@ Forward = Callable[[Sequence[torch.Tensor]], tuple[torch.Tensor, ...]]
 
 
 class AutogradCall:
-    """A backward case's prepared call: the gradients of ``forward()`` (outputs of ``leaves``)
-    for ``grads`` by autograd, its graph built once here (outside the timed call). ``step`` and
-    ``forward`` are what a CUDA-graph timing of the backward's kernels takes
-    (``ports.harness.timing.backward_graph_us``): the forward then the backward, the graph
-    built in the call, and the forward alone."""
+    """A backward case's prepared call: the gradients of ``forward(leaves)`` for ``grads`` by
+    autograd, its graph built once here (outside the timed call)."""
 
-    def __init__(self, forward: Callable[[], Sequence[torch.Tensor]],
-                 leaves: Sequence[torch.Tensor], grads: Sequence[torch.Tensor]):
-        self.forward, self.leaves, self.grads = forward, leaves, grads
-        self._outs = forward()
+    def __init__(self, forward: Forward, leaves: Sequence[torch.Tensor],
+                 grads: Sequence[torch.Tensor]):
+        self._forward, self.leaves, self.grads = forward, list(leaves), grads
+        self._outs = forward(self.leaves)
 
     def __call__(self):
         return torch.autograd.grad(self._outs, self.leaves, self.grads, retain_graph=True)
 
-    def step(self):
-        return torch.autograd.grad(self.forward(), self.leaves, self.grads)
+    def graph_parts(self):
+        """``(step, forward)`` for a CUDA-graph timing of the backward's kernels
+        (``ports.harness.timing.backward_graph_us``): the forward then its backward, the graph
+        built in the call, and the forward alone. They take leaves of their own (views of the
+        same tensors): a leaf's gradient accumulator, which this call's graph keeps alive,
+        belongs to the stream it was made on, and a capture on another stream fails on it."""
+        leaves = [x.detach().requires_grad_(True) for x in self.leaves]
+
+        def step():
+            return torch.autograd.grad(self._forward(leaves), leaves, self.grads)
+
+        return step, lambda: self._forward(leaves)
 
 
 def forward_or_backward(case: RopeCase, inputs: RopeInputs, forward: Forward):
@@ -35,8 +42,8 @@ def forward_or_backward(case: RopeCase, inputs: RopeInputs, forward: Forward):
     through ``forward`` by autograd (:class:`AutogradCall`)."""
     if case.direction == "forward":
         return lambda: tuple(forward(inputs.xs))
-    leaves = [x.detach().requires_grad_(True) for x in inputs.xs]
-    return AutogradCall(lambda: forward(leaves), leaves, inputs.grads)
+    return AutogradCall(forward, [x.detach().requires_grad_(True) for x in inputs.xs],
+                        inputs.grads)
 
 
 def half_width_tables(case: RopeCase, inputs: RopeInputs) -> tuple[torch.Tensor, torch.Tensor]:

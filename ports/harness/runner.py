@@ -161,7 +161,7 @@ def _run_one(case, spec, inputs, targets, timing_on, graph) -> Result:
                     result.graph_us = timing.graph_median_us(fn)
                 elif graph and isinstance(fn, AutogradCall):
                     # autograd runs a backward on its forward's stream: captured with it
-                    result.graph_us = timing.backward_graph_us(fn.step, fn.forward)
+                    result.graph_us = timing.backward_graph_us(*fn.graph_parts())
             else:
                 result.timing_note = "timing needs an NVIDIA GPU"
         else:

@@ -111,7 +111,7 @@ def _in_place_call(case: RopeCase, inputs: RopeInputs, rotate):
         return lambda: tuple(rotate(buffers))
     leaves = [b.requires_grad_(True) for b in buffers]
     grads = [g.clone() for g in inputs.grads]
-    return AutogradCall(lambda: rotate([leaf.clone() for leaf in leaves]), leaves, grads)
+    return AutogradCall(lambda ls: rotate([leaf.clone() for leaf in ls]), leaves, grads)
 
 
 # ---- Liger-Kernel ----------------------------------------------------------------------------
