@@ -11,6 +11,29 @@ from reference.tables import first_members
 Forward = Callable[[Sequence[torch.Tensor]], tuple[torch.Tensor, ...]]
 
 
+def backward_alone(forward: Callable[[], Sequence[torch.Tensor]], leaves: Sequence[torch.Tensor],
+                   grads: Sequence[torch.Tensor]) -> Callable[[], tuple[torch.Tensor, ...]]:
+    """A call of the backward alone: the gradients of ``forward()``'s outputs for ``grads``
+    with respect to ``leaves``, by autograd, its graph kept between calls. ``forward`` runs here,
+    once, on a stream of its own on CUDA, and the call carries that stream as
+    ``capture_stream``: autograd runs a backward on its forward's stream, so a CUDA graph holds
+    the backward's kernels only when captured there (``ports.harness.timing.graph_median_us``).
+    The leaves' gradient accumulators are made on that stream too, so give leaves that no other
+    kept graph uses."""
+    stream = None
+    if leaves[0].is_cuda:
+        stream = torch.cuda.Stream(leaves[0].device)
+        stream.wait_stream(torch.cuda.current_stream(leaves[0].device))
+    with torch.cuda.stream(stream):
+        outs = forward()
+
+    def backward():
+        return torch.autograd.grad(outs, leaves, grads, retain_graph=True)
+
+    backward.capture_stream = stream
+    return backward
+
+
 class AutogradCall:
     """A backward case's prepared call: the gradients of ``forward(leaves)`` for ``grads`` by
     autograd, its graph built once here (outside the timed call)."""
@@ -23,18 +46,12 @@ class AutogradCall:
     def __call__(self):
         return torch.autograd.grad(self._outs, self.leaves, self.grads, retain_graph=True)
 
-    def graph_parts(self):
-        """``(step, forward)`` for a CUDA-graph timing of the backward's kernels
-        (``ports.harness.timing.backward_graph_us``): the forward then its backward, the graph
-        built in the call, and the forward alone. They take leaves of their own (views of the
-        same tensors): a leaf's gradient accumulator, which this call's graph keeps alive,
-        belongs to the stream it was made on, and a capture on another stream fails on it."""
+    def backward_alone(self):
+        """This call for a CUDA-graph timing of the backward's kernels (:func:`backward_alone`),
+        on leaves of its own (views of the same tensors): this call's kept graph holds its
+        leaves' gradient accumulators, made on the stream it ran on."""
         leaves = [x.detach().requires_grad_(True) for x in self.leaves]
-
-        def step():
-            return torch.autograd.grad(self._forward(leaves), leaves, self.grads)
-
-        return step, lambda: self._forward(leaves)
+        return backward_alone(lambda: self._forward(leaves), leaves, self.grads)
 
 
 def forward_or_backward(case: RopeCase, inputs: RopeInputs, forward: Forward):

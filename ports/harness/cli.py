@@ -214,8 +214,8 @@ def build_parser() -> Parser:
                      help="write results (or, with --list, the registry) as JSON; no PATH: stdout")
     out.add_argument("--csv", nargs="?", const="-", metavar="PATH", help="write results as CSV")
     out.add_argument("--graph", action="store_true",
-                     help="also time CUDA-graph replays (a backward: its forward and backward "
-                          "captured together, less the forward captured alone)")
+                     help="also time CUDA-graph replays (a backward: the backward alone, "
+                          "captured on the stream its forward ran on)")
     out.add_argument("--plot", metavar="PATH", help="write a plot (PNG): GB/s against tokens "
                      "(needs a GPU), or with --accuracy error against position")
     out.add_argument("--verbose", action="store_true",

@@ -6,10 +6,10 @@ forward and backward, on equal inputs, on the GPU.
 
 Rows, per shape and direction, in us: the median of CUDA-graph replays, the fastest of
 ``ROUNDS`` rounds interleaved across the direction's rows, the copy timed the same way. A
-backward is timed as a whole step captured in one graph (the forward with its autograd graph,
-then ``torch.autograd.grad``: autograd runs a backward on its forward's stream, so the
-two are captured together) minus the forward captured alone (with grad); so it is the GPU time
-of the backward's kernels, not the host time of autograd's engine. Every row
+backward is timed alone: the forward runs once, outside the graph, on the stream the
+backward's graph is captured on (autograd runs a backward on its forward's stream), and the
+graph replays ``torch.autograd.grad`` (``ports._adapters.backward_alone``); so it is the GPU
+time of the backward's kernels, not the host time of autograd's engine. Every row
 gets the same q, k ``[b, s, h, d]``, weights and cos/sin values (seed 0); a row whose API takes
 another form gets it built outside the timed call, and the table's ``input`` column says which:
 
@@ -68,6 +68,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from ports._adapters import backward_alone
 
 EPS = 1e-6
 WRONG_ULPS = 64.0  # the check's bound: beyond this many output ulps a row is wrong, not rough
@@ -391,9 +393,6 @@ def measure(shape: Shape, dtype: torch.dtype, rep_ms: int, *, check: bool = Fals
             failed = [failures[calls[(i, p)]] for p in parts if calls[(i, p)] in failures]
             if failed:
                 _failed(out, failed[0], shape, direction)
-            elif "step" in parts:
-                out["forward_us"], out["step_us"] = parts["forward"], parts["step"]
-                out["us"] = parts["step"] - parts["forward"]
             elif "run" in parts:
                 out["us"] = parts["run"]
         rows += prepared
@@ -404,9 +403,8 @@ def measure(shape: Shape, dtype: torch.dtype, rep_ms: int, *, check: bool = Fals
 
 def _prepare(row, i: int, out: dict, shape: Shape, dtype: torch.dtype, direction: str,
              check: bool) -> dict:
-    """Row ``i``'s calls to time, keyed ``(i, part)``: forward ``run``; backward ``forward``
-    (the forward alone, with grad) and ``step`` (forward then backward); none for a row that
-    ``check`` finds wrong (``out`` gets its error and the reason)."""
+    """Row ``i``'s call to time, keyed ``(i, "run")``: the forward, or the backward alone; none
+    for a row that ``check`` finds wrong (``out`` gets its error and the reason)."""
     grad = direction == "backward"
     args = inputs(shape, dtype, grad=grad, norm=row.norm)
     if not grad:
@@ -422,18 +420,14 @@ def _prepare(row, i: int, out: dict, shape: Shape, dtype: torch.dtype, direction
         outs = run()
         g = torch.Generator(device="cuda").manual_seed(1)
         grads = [torch.randn(o.shape, device="cuda", generator=g).to(o.dtype) for o in outs]
-        leaves = args[:4]
-        del outs
-
-        def step():  # one training step's norm + RoPE: forward, then backward
-            return torch.autograd.grad(run(), leaves, grads)
-
-        result = step()
+        del outs  # its graph, and with it the leaves' gradient accumulators
+        backward = backward_alone(run, args[:4], grads)
+        result = backward()
         if check:
             out["err_ulp"] = max(ulps_off(o, r, dtype) for o, r in
                                  zip(result[:2], oracle(shape, args, direction, grads,
                                                         norm=row.norm)))
-        calls = {(i, "forward"): run, (i, "step"): step}
+        calls = {(i, "run"): backward}
     err = out.get("err_ulp", 0.0)
     if err == float("inf"):  # kept out of the data file (JSON has no infinity)
         out["err_ulp"] = None
@@ -504,8 +498,7 @@ def data_file(rows: list[dict], *, dtype: str, command: str, previous: dict | No
         "section": "Fused QK-norm + RoPE",
         "context": (f"The qknorm suite ({dtype}): median us per call from CUDA-graph "
                     f"replays, the fastest of {ROUNDS} rounds interleaved across the rows; "
-                    "backward: a forward + backward step captured together minus the forward "
-                    "alone (autograd's backward cannot be captured apart from its forward); "
+                    "backward: the backward alone, captured on its forward's stream; "
                     "% copy: a "
                     "copy of the bytes the direction must move over the row's time; x unfused: "
                     "rms_norm + fastrope's time over the row's; err: largest error against the "

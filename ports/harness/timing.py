@@ -27,18 +27,41 @@ def median_us(fn, *, warmup_ms: int = WARMUP_MS, rep_ms: int = REP_MS) -> float:
 
 
 def graph_median_us(fn, *, rep_ms: int = REP_MS) -> float:
-    """Median time per call of ``fn()`` replayed from a CUDA graph, in microseconds."""
-    from triton.testing import do_bench_cudagraph
+    """Median time per call of ``fn()`` replayed from a CUDA graph, in microseconds.
 
-    return do_bench_cudagraph(fn, rep=rep_ms, return_mode="median") * 1e3
-
-
-def backward_graph_us(step, forward, *, rep_ms: int = REP_MS) -> float:
-    """The GPU time of a backward's kernels: ``step()`` (a forward, then its backward by
-    autograd) and ``forward()`` (the forward alone, with grad) each replayed from a CUDA graph,
-    the first's median less the second's (at least 0). Autograd runs a backward on its forward's
-    stream, so a capture holds the backward only with its forward inside it."""
-    return max(0.0, graph_median_us(step, rep_ms=rep_ms) - graph_median_us(forward, rep_ms=rep_ms))
+    The method of ``triton.testing.do_bench_cudagraph``: a warm-up call, an estimate from 5
+    calls, as many calls as fill ``rep_ms`` captured into one graph, the median of 10 replays,
+    each replay's time divided by its calls. Unlike it, the capture stream may be the call's own:
+    a call with a ``capture_stream`` (``ports._adapters.backward_alone``: a backward, which
+    autograd runs on its forward's stream) is warmed up and captured on that stream, any other
+    on a new one."""
+    stream = getattr(fn, "capture_stream", None) or torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        for _ in range(5):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        estimate_ms = start.elapsed_time(end) / 5
+    calls = max(1, int(rep_ms / estimate_ms)) if estimate_ms > 0 else 1000
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / calls * 1e3)
+    del graph
+    return statistics.median(times)
 
 
 @functools.cache
