@@ -499,7 +499,7 @@ def test_qknorm_tuning_times_the_suites_half_width_tables(monkeypatch, row):
     monkeypatch.setattr(qknorm, "qk_norm_rope", record)
     monkeypatch.setattr(qknorm, "qk_norm_rope_inplace", record)
     _, _, _, _, cos, sin = _cpu_inputs(shape, torch.bfloat16)
-    for fn, extra, result in qt._cases(shape, row).values():
+    for fn, result in qt._cases(shape, row).values():
         fn()
         result()
     assert seen

@@ -1,24 +1,24 @@
 """qk_norm_rope's launch settings swept on the qknorm suite's shapes (needs a GPU).
 
 For each shape (bf16, Qwen3's per-head norm; the suite's inputs, fastrope from the ``[L, R/2]``
-tables its suite rows get) each setting of the module's launch
-constants is timed, beside torch.compile of the unfused pair (the suite's row, a fresh compile cache
-per shape) and a copy of the bytes the direction moves. The forward sweeps
-``HEAD_FWD_BLOCK_ELEMENTS`` (heads per program * head_dim) and ``HEAD_FWD_WARPS``, 4 to 64 elements
-a thread, out of place and in place (q and k read and written); the backward sweeps the 16-bit
-full-rotary ``HEAD_BWD_BLOCK_ELEMENTS``, ``BACKWARD_WARPS``, ``BACKWARD_PROGRAMS_PER_SM`` (the
-grid's budget, which sets the tokens a program), ``BACKWARD_STAGES`` (the token loop's
-software-pipelining stages, for every head width) and ``WEIGHT_GRAD_PDL`` (the weight-gradient
-reduction as the backward's programmatic dependent), timed as a forward + backward step captured in
-one graph minus the forward alone (dy, q and k read, dq and dk written). CUDA-graph us, the minimum
-of 3 interleaved medians. Each setting's results are checked against the GPU's default's first: dq,
-dk and the outputs to one bf16 ulp (the sum of squares' order follows the block), the weight
-gradients to one bf16 ulp of their largest element (their sums' order follows the blocks and
-tokens). This is the lab's wide sweep; the constants a GPU family's table sets (``DEVICE_TUNED``)
-are tuned and written by ``python -m ports.harness.tune --qknorm``. ``--direction token-backward``
-sweeps OLMo2's norm over all heads of a token (``norm="token"``, the per-head weights tiled over the
-heads, as the suite's row): ``TOKEN_BWD_WHOLE_ELEMENTS`` (0: every token in two passes over blocks
-of heads), ``TOKEN_BWD_ELEMENTS_PER_WARP``, the tokens a program (``LONG_RUN_TOKENS``) and
+tables its suite rows get) each setting of the module's launch constants is timed, beside
+torch.compile of the unfused pair (the suite's row, a fresh compile cache per shape) and a copy of
+the bytes the direction moves. The forward sweeps ``HEAD_FWD_BLOCK_ELEMENTS`` (heads per program *
+head_dim) and ``HEAD_FWD_WARPS``, 4 to 64 elements a thread, out of place and in place (q and k
+read and written); the backward sweeps the 16-bit full-rotary ``HEAD_BWD_BLOCK_ELEMENTS``,
+``BACKWARD_WARPS``, ``BACKWARD_PROGRAMS_PER_SM`` (the grid's budget, which sets the tokens a
+program), ``BACKWARD_STAGES`` (the token loop's software-pipelining stages, for every head width)
+and ``WEIGHT_GRAD_PDL`` (the weight-gradient reduction as the backward's programmatic dependent),
+the backward timed alone (its forward run once, on the stream its graph is captured on; dy, q and k
+read, dq and dk written). CUDA-graph us, the minimum of 3 interleaved medians. Each setting's
+results are checked against the GPU's default's first: dq, dk and the outputs to one bf16 ulp (the
+sum of squares' order follows the block), the weight gradients to one bf16 ulp of their largest
+element (their sums' order follows the blocks and tokens). This is the lab's wide sweep; the
+constants a GPU family's table sets (``DEVICE_TUNED``) are tuned and written by ``python -m
+ports.harness.tune --qknorm``. ``--direction token-backward`` sweeps OLMo2's norm over all heads of
+a token (``norm="token"``, the per-head weights tiled over the heads, as the suite's row):
+``TOKEN_BWD_WHOLE_ELEMENTS`` (0: every token in two passes over blocks of heads),
+``TOKEN_BWD_ELEMENTS_PER_WARP``, the tokens a program (``LONG_RUN_TOKENS``) and
 ``TOKEN_BWD_STAGES``; ``--direction token-forward`` its forward, out of place and in place:
 ``TOKEN_FWD_WHOLE_ELEMENTS`` (0: two passes over blocks of heads), ``TOKEN_FWD_ELEMENTS_PER_WARP``
 and ``TOKEN_FWD_QK_TOGETHER``; ``--direction token-backward-tma`` the backward's whole tokens read
@@ -43,7 +43,7 @@ import torch
 from ports.fastrope import qknorm
 from ports.harness import qknorm_bench as bench
 from ports.harness.qknorm_tune import check_same_answer
-from ports.harness.timing import copy_us, graph_median_us, min_of_interleaved
+from ports.harness.timing import backward_alone, copy_us, graph_median_us, min_of_interleaved
 from tools._probe_kit import output_arguments, qknorm_shapes, write_requested
 
 SHAPES = ["decode 64 tokens", "qwen3-8b prefill 4k", "qwen3-8b train 4x4k",
@@ -166,6 +166,7 @@ def _under(direction, setting, fn):
     def call():
         with launch_settings(direction, setting):
             return fn()
+    call.capture_stream = getattr(fn, "capture_stream", None)  # a backward alone's
     return call
 
 
@@ -196,16 +197,15 @@ def sweep(shape, direction: str, settings: list[tuple[int, ...]]
         gen = torch.Generator(device="cuda").manual_seed(1)
         grads = [torch.randn(o.shape, device="cuda", generator=gen).to(o.dtype) for o in fwd()]
 
-        def step(f):
-            return lambda: torch.autograd.grad(f(), (q, k, qw, kw), grads)
-
-        ref = step(fwd)()
+        backward_only = backward_alone(fwd, (q, k, qw, kw), grads)
+        ref = backward_only()
         for s in settings:
-            check_same_answer(_under(direction, s, step(fwd))(), ref, 2, f"{shape.name} {s}")
-            calls[s, "step"] = _under(direction, s, step(fwd))
-        calls["fwd"] = fwd
-        if not token:
-            calls["compiled step"], calls["compiled fwd"] = step(fwd_compiled), fwd_compiled
+            check_same_answer(_under(direction, s, backward_only)(), ref, 2, f"{shape.name} {s}")
+            calls[s, "bwd"] = _under(direction, s, backward_only)
+        if not token:  # on leaves of its own: backward_alone's leaves serve one forward
+            leaves = [x.detach().requires_grad_(True) for x in (q, k, qw, kw)]
+            calls["compiled"] = backward_alone(
+                lambda: compiled(*leaves, *tables, shape.gemma), leaves, grads)
         moved = 3 * (q.numel() + k.numel()) * q.element_size() // 2  # copy_us moves 2x this
     else:
         qi, ki = q.clone(), k.clone()
@@ -228,10 +228,9 @@ def sweep(shape, direction: str, settings: list[tuple[int, ...]]
 
     rows = []
     for s in settings:
-        times = [us[s, "step"] - us["fwd"]] if backward else [us[s, "out"], us[s, "in"]]
+        times = [us[s, "bwd"]] if backward else [us[s, "out"], us[s, "in"]]
         rows.append([shape.name, *map(str, s)] + [c for t in times for c in (f"{t:.1f}", pct(t))])
-    compiled_us = (None if token else us["compiled step"] - us["compiled fwd"] if backward
-                   else us["compiled"])
+    compiled_us = None if token else us["compiled"]
     return rows, copy, compiled_us
 
 

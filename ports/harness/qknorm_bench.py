@@ -69,7 +69,8 @@ from pathlib import Path
 
 import torch
 
-from ports._adapters import backward_alone
+from ports.harness.timing import backward_alone
+
 
 EPS = 1e-6
 WRONG_ULPS = 64.0  # the check's bound: beyond this many output ulps a row is wrong, not rough
@@ -587,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     # the per-GPU constants this run used (the family's tuning table, or --set's)
     constants = {name: module.launch_constant(name, device) for name in module.DEVICE_TUNED}
     print(f"GPU: {torch.cuda.get_device_name()}, dtype {args.dtype}, medians (us; CUDA-graph "
-          "replays, backward = forward + backward step - forward), "
+          "replays, the backward alone), "
           f"settings {settings or 'default'}, per-GPU constants {constants}\n")
     print(table(rows))
     if args.json is not None:

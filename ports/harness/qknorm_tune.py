@@ -9,8 +9,8 @@ module's own values (what a GPU without a table runs) on the qknorm suite's Qwen
 
 * ``fused QK-norm forward``: ``HEAD_FWD_BLOCK_ELEMENTS`` and ``HEAD_FWD_WARPS``, out of place and
   in place (two cases a shape);
-* ``fused QK-norm backward``: ``BACKWARD_PROGRAMS_PER_SM``, as a forward + backward step minus
-  the forward (one case a shape);
+* ``fused QK-norm backward``: ``BACKWARD_PROGRAMS_PER_SM``, the backward alone
+  (``ports._adapters.backward_alone``; one case a shape);
 * ``fused QK-norm token forward``: ``TOKEN_FWD_QK_TOGETHER`` and ``TOKEN_FWD_ELEMENTS_PER_WARP``,
   OLMo2's norm over all heads of a token (``norm="token"``, ``[heads * d]`` weights), out of
   place and in place.
@@ -29,6 +29,7 @@ import contextlib
 import torch
 
 from ports.fastrope import qknorm
+from ports.harness.timing import backward_alone
 
 FORWARD = "fused QK-norm forward"
 BACKWARD = "fused QK-norm backward"
@@ -84,6 +85,7 @@ def _under(constants: dict[str, int], fn):
     def call():
         with forced(constants):
             return fn()
+    call.capture_stream = getattr(fn, "capture_stream", None)  # a backward alone's
     return call
 
 
@@ -103,9 +105,8 @@ def check_same_answer(results, ref, weights: int, label: str) -> None:
 
 
 def _cases(shape, row: str):
-    """Case label -> (the call to time; the part of it no candidate changes, timed apart and
-    taken off: the backward's forward, else None; the call whose results are checked: the timed
-    call, or for in place one that restores the inputs first)."""
+    """Case label -> (the call to time: a forward, or the backward alone; the call whose results
+    are checked: the timed call, or for in place one that restores the inputs first)."""
     from ports.harness import qknorm_bench as bench
 
     backward = row == BACKWARD
@@ -129,17 +130,14 @@ def _cases(shape, row: str):
             inplace()
             return qi.clone(), ki.clone()
 
-        return {f"{shape.name} out of place": (out, None, out),
-                f"{shape.name} in place": (inplace, None, inplace_fresh)}
+        return {f"{shape.name} out of place": (out, out),
+                f"{shape.name} in place": (inplace, inplace_fresh)}
     gen = torch.Generator(device=q.device).manual_seed(1)
     with forced({}):
         grads = [torch.randn(o.shape, device=q.device, generator=gen).to(o.dtype)
                  for o in out()]
-
-    def step():
-        return torch.autograd.grad(out(), (q, k, qw, kw), grads)
-
-    return {shape.name: (step, out, step)}
+        backward_only = backward_alone(out, (q, k, qw, kw), grads)
+    return {shape.name: (backward_only, backward_only)}
 
 
 def measure(rounds: int, rep_ms: int, progress=lambda m: None, shapes=None) -> list[dict]:
@@ -152,22 +150,20 @@ def measure(rounds: int, rep_ms: int, progress=lambda m: None, shapes=None) -> l
     measurements = []
     for row, alternatives in candidates().items():
         for shape_name in SHAPES if shapes is None else shapes:
-            for case, (fn, extra, result) in _cases(known[shape_name], row).items():
+            weights = 2 if row == BACKWARD else 0  # dq_weight and dk_weight
+            for case, (fn, result) in _cases(known[shape_name], row).items():
                 own = _under({}, fn)
                 ref = _under({}, result)()
                 calls = {}
                 for alt, constants in alternatives.items():
-                    check_same_answer(_under(constants, result)(), ref, 2 if extra else 0,
+                    check_same_answer(_under(constants, result)(), ref, weights,
                                       f"{row}: {alt} at {case}")
                     calls[alt] = _under(constants, fn)
-                base_of = _under({}, extra) if extra else None
                 pairs: dict[str, list[tuple[float, float]]] = {a: [] for a in calls}
                 for _ in range(rounds):
-                    # the part no candidate changes, timed once a round, comes off every time
-                    less = graph_median_us(base_of, rep_ms=rep_ms) if base_of else 0.0
                     for alt, call in calls.items():
-                        o = graph_median_us(own, rep_ms=rep_ms) - less
-                        pairs[alt].append((o, graph_median_us(call, rep_ms=rep_ms) - less))
+                        pairs[alt].append((graph_median_us(own, rep_ms=rep_ms),
+                                           graph_median_us(call, rep_ms=rep_ms)))
                 for alt, ps in pairs.items():
                     entry = dict(row=row, alternative=alt, case=case, same_plan=False,
                                  **paired_summary(ps))
