@@ -72,3 +72,64 @@ def test_a_graph_captured_on_the_capture_stream_holds_the_backward(name):
     for g, w in zip(got, want):
         assert torch.equal(g, w)
     assert 0 < timing.graph_median_us(backward, rep_ms=5) < 1e4
+
+
+def test_a_row_whose_capture_fails_keeps_its_results_and_says_why(monkeypatch):
+    """A call that cannot be captured (here every call, forward and backward) keeps its check
+    and event time; its graph cell reads ``failed`` and the table says why, below."""
+    from ports.harness import report
+
+    def graph_median_us(fn, **kw):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(timing, "graph_median_us", graph_median_us)
+    monkeypatch.setattr(timing, "median_us", lambda fn, **kw: 30.0)
+    monkeypatch.setattr(timing, "copy_us", lambda nbytes, index=0, graph=False: 2.0)
+    monkeypatch.setattr(timing, "copy_bandwidth_gbps", lambda index=0: 1000.0)
+    spec = registry.get("torch.hf_rotate_half")
+    for case in (CASE, RopeCase(2, 16, 4, 32, kv_heads=2)):
+        rep = runner.run_case(case, [spec], timing_on=True, graph=True,
+                              device=torch.device("cpu"))
+        (result,) = rep.results
+        assert result.status == "ok" and result.median_us == 30.0 and result.graph_us is None
+        assert result.graph_note == ("no CUDA-graph time: RuntimeError: operation not "
+                                     "permitted when stream is capturing")
+        for verbose in (False, True):
+            table = report.case_table(rep, graph=True, verbose=verbose)
+            assert "| failed " in table
+            assert f"{spec.name}: no CUDA-graph time: RuntimeError" in table
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_a_capture_that_fails_on_the_gpu_leaves_the_next_rows_their_graph_times(direction):
+    """Your own kernel that syncs with the host (``.item()``) cannot be captured: its row keeps
+    its check and event time and says why it has no graph time, and the rows after it are
+    captured and replayed as usual."""
+    from ports.peers.user import rope_impl, spec_from_callable
+
+    @rope_impl(styles=["rotate_half"], layouts=["bshd"], backward=True, devices=["cuda"])
+    def syncing(q, k, cos, sin, positions, *, style, layout, rotary_dim):
+        c, s = (t[positions].unsqueeze(-2).float() for t in (cos, sin))
+
+        def synced(g):
+            g.float().sum().item()  # a host sync: illegal while a stream is capturing
+            return g
+
+        def rotate(x):
+            x1, x2 = x.float().chunk(2, dim=-1)
+            y = (torch.cat([x1, x2], -1) * c + torch.cat([-x2, x1], -1) * s).to(x.dtype)
+            if y.requires_grad:  # the backward syncs too
+                y.register_hook(synced)
+            return y
+        positions.max().item()
+        return rotate(q), None if k is None else rotate(k)
+
+    case = RopeCase(2, 128, 4, 64, dtype="bf16", direction=direction, kv_heads=2)
+    specs = [spec_from_callable(syncing, "test:syncing"), registry.get("torch.hf_rotate_half")]
+    rep = runner.run_case(case, specs, graph=True, device=torch.device("cuda"))
+    by_name = {r.impl: r for r in rep.results}
+    bad, after = by_name[specs[0].name], by_name["torch.hf_rotate_half"]
+    assert bad.status == "ok" and bad.median_us > 0 and bad.graph_us is None
+    assert bad.graph_note.startswith("no CUDA-graph time:")
+    assert after.status == "ok" and after.graph_us is not None and after.graph_us > 0

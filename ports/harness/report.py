@@ -40,6 +40,12 @@ def note_lines(pairs: Iterable[tuple[str, str]]) -> list[str]:
     return [_wrapped(f"note: {impl} is given less work: {note}") for impl, note in notes]
 
 
+def graph_note_lines(results: Iterable[Result]) -> list[str]:
+    """``impl: no CUDA-graph time: why`` for the rows whose capture failed (their graph cell
+    reads ``failed``)."""
+    return [_wrapped(f"{r.impl}: {r.graph_note}") for r in results if r.graph_note]
+
+
 def text_table(rows: Sequence[Sequence[str]], headers: Sequence[str], fmt: str = "github",
                fit: bool = False) -> str:
     """A table of text cells, without tabulate's two spaces of header padding; with ``fit``, the
@@ -89,7 +95,7 @@ def result_row(r: Result, graph: bool = False) -> list[str]:
         median,
     ]
     if graph:
-        row.append(_num(r.graph_us, ".1f", no_time))
+        row.append(_num(r.graph_us, ".1f", "failed" if r.graph_note else no_time))
     row += [
         _num(r.gbps, ".0f", no_time),
         _num(r.pct_copy, ".1f", no_time),
@@ -172,6 +178,7 @@ def _compact(report: CaseReport, graph: bool) -> tuple[list[str], list[list[str]
     if any(r.host_bound for r in ran):
         footer.append(HOST_BOUND_NOTE)
     footer += note_lines((r.impl, r.note) for r in ran)
+    footer += graph_note_lines(ran)
     return ([headers[i] for i in keep], [[row[i] for i in keep] for row in rows], footer)
 
 
@@ -197,6 +204,7 @@ def case_table(report: CaseReport, graph: bool = False, verbose: bool = False,
         if any(r.host_bound for r in report.results):
             lines.append(HOST_BOUND_NOTE)
         lines += note_lines((r.impl, r.note) for r in report.results)
+        lines += graph_note_lines(report.results)
         return "\n".join(lines)
     headers, rows, footer = _compact(report, graph)
     if rows:

@@ -36,6 +36,7 @@ class Result:
     vs_fastest: float | None = None    # this time / the case's fastest time (1 = fastest)
     graph_vs_fastest: float | None = None  # the same from graph_us
     timing_note: str = ""              # why there is no time, when status is ok
+    graph_note: str = ""               # why a timed row has no CUDA-graph time (its capture failed)
     host_bound: bool = False           # the event time is the host's (metrics.is_host_bound)
     note: str = ""                     # work done outside the timed call (a peer's given_less_work)
 

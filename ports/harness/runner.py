@@ -138,6 +138,20 @@ def run_case(case: RopeCase, specs: Sequence[ImplSpec], *, seed: int = 0,
                       copy_same_us, copy_same_graph_us)
 
 
+def _time_graph(result: Result, fn, case) -> None:
+    """``result.graph_us``: ``fn`` (a backward case's: its backward alone) replayed from a CUDA
+    graph. A call that cannot be captured (a host sync, work on the legacy default stream, a
+    refusal while capturing) keeps its other results and gets the reason in ``graph_note``;
+    PyTorch ends the failed capture, so the next rows capture as before."""
+    if case.direction == "backward" and not isinstance(fn, AutogradCall):
+        return
+    try:
+        call = fn.backward_alone() if isinstance(fn, AutogradCall) else fn
+        result.graph_us = timing.graph_median_us(call)
+    except Exception as exc:
+        result.graph_note = f"no CUDA-graph time: {_short_error(exc)}"
+
+
 def _run_one(case, spec, inputs, targets, timing_on, graph) -> Result:
     reason = spec.unsupported_reason(case, targets)
     if reason is None and getattr(spec, "missing", None) is not None:
@@ -157,10 +171,8 @@ def _run_one(case, spec, inputs, targets, timing_on, graph) -> Result:
         if result.status == "ok":
             if timing_on:
                 result.median_us = timing.median_us(fn)
-                if graph and case.direction == "forward":
-                    result.graph_us = timing.graph_median_us(fn)
-                elif graph and isinstance(fn, AutogradCall):
-                    result.graph_us = timing.graph_median_us(fn.backward_alone())
+                if graph:
+                    _time_graph(result, fn, case)
             else:
                 result.timing_note = "timing needs an NVIDIA GPU"
         else:
