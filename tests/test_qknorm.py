@@ -366,6 +366,51 @@ def test_backward_only_one_output_used():
     assert torch.count_nonzero(leaves[0].grad) > 0
 
 
+
+def _qk_leaves(inp: dict) -> list[torch.Tensor]:
+    return [inp[n].detach().clone().requires_grad_(True) for n in ("q", "k", "qw", "kw")]
+
+
+@pytest.mark.parametrize("norm", ["head", "token"])
+def test_backward_under_activation_checkpointing(norm):
+    """The gradients through ``torch.utils.checkpoint`` (the forward run again in the backward,
+    non-reentrant) are the plain backward's, bit for bit (PEERS.md's bug class 5: RoPE kernels
+    whose gradients go wrong under checkpointing). The in-place form refuses a recorded
+    gradient instead (test_refusals_of_unsupported_combinations)."""
+    c = Case(dtype="bf16", asymmetric=True, norm=norm)
+    inp = make_case(c)
+    gen = torch.Generator().manual_seed(7)
+    heads = torch.randn(c.hq, generator=gen).to(inp["q"].device)  # a loss that weighs heads
+
+    def block(q, k, qw, kw):
+        qo, ko = qk_norm_rope(q, k, qw, kw, EPS, **inp["kwargs"])
+        return (qo.float() * heads.view(-1, 1)).square().sum() + ko.float().sum()
+
+    plain = _qk_leaves(inp)
+    want = torch.autograd.grad(block(*plain), plain)
+    leaves = _qk_leaves(inp)
+    loss = torch.utils.checkpoint.checkpoint(block, *leaves, use_reentrant=False)
+    got = torch.autograd.grad(loss, leaves)
+    for g, w, name in zip(got, want, ("dq", "dk", "dq_weight", "dk_weight")):
+        assert torch.count_nonzero(w) > 0 and torch.equal(g, w), name
+
+
+def test_backward_leaves_a_shared_incoming_gradient_alone():
+    """``qo + other``'s backward hands one gradient tensor to both: the QK-norm's backward must
+    not write into it (as an in-place backward would), so ``other`` gets exactly that gradient
+    and the gradient itself is unchanged."""
+    c = Case(dtype="bf16", asymmetric=True)
+    inp = make_case(c)
+    q, k, qw, kw = _qk_leaves(inp)
+    other = torch.zeros_like(inp["q"], requires_grad=True)
+    qo, ko = qk_norm_rope(q, k, qw, kw, EPS, **inp["kwargs"])
+    g = torch.randn(qo.shape, generator=torch.Generator().manual_seed(3)).to(qo)
+    g0 = g.clone()
+    torch.autograd.backward([qo + other], [g])
+    assert torch.equal(g, g0), "the incoming gradient was written"
+    assert torch.equal(other.grad, g0)
+    assert torch.count_nonzero(q.grad) > 0 and torch.count_nonzero(qw.grad) > 0
+
 # ---- norm over all heads of a token (OLMo2) ------------------------------------------------------
 TOKEN_CASES = [
     Case(norm="token"),
