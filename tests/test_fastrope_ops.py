@@ -227,6 +227,63 @@ def test_autograd_in_place_matches_out_of_place(oracle_kernel, monkeypatch, with
         assert torch.equal(g, want)
 
 
+@pytest.mark.parametrize("through_ops", [False, True], ids=["eager", "ops"])
+@pytest.mark.parametrize("views", ["q", "k", "both"])
+def test_autograd_in_place_into_views(oracle_kernel, monkeypatch, through_ops, views):
+    """q and k as a model has them, views of its projections' outputs (``q_proj(x).view(...)``):
+    apply_rope_inplace with a gradient recorded gives apply_rope's values and gradients. PyTorch
+    lets an in-place Function on a view return one tensor, so the eager path rotates both in one
+    launch and records a Function each."""
+    if through_ops:
+        monkeypatch.setattr(api, "_direct", lambda: False)
+    launches = []
+
+    def counted(planner, q, k, in_place, inverse, *rest):
+        launches.append(inverse)
+        return _oracle_positional(planner, q, k, in_place, inverse, *rest)
+
+    monkeypatch.setattr(run, "rotate_positional", counted)
+    gen = torch.Generator().manual_seed(4)
+    leaves = [torch.randn(*shape, generator=gen).requires_grad_(True)
+              for shape in ((2, 5, 24), (24, 64), (24, 32))]
+    cos, sin = _rand(16, 16), _rand(16, 16)  # each pair's members differ: asymmetric
+    dys = [torch.randn(2, 5, h, 16, generator=gen) for h in (4, 2)]
+
+    def step(rope):
+        x, wq, wk = leaves
+        q = (x @ wq).view(2, 5, 4, 16)
+        k = (x @ wk).view(2, 5, 2, 16)
+        q, k = (t if views in (name, "both") else t * 1.0 for name, t in (("q", q), ("k", k)))
+        assert q._is_view() == (views != "k") and k._is_view() == (views != "q")
+        outs = rope(q, k, cos=cos, sin=sin, offsets=2)
+        if rope is apply_rope_inplace:
+            assert outs[0] is q and outs[1] is k
+        return list(outs) + list(torch.autograd.grad(outs, leaves, dys))
+
+    want = step(apply_rope)
+    launches.clear()
+    got = step(apply_rope_inplace)
+    for name, a, b in zip(("q", "k", "dx", "dwq", "dwk"), want, got):
+        assert torch.equal(a, b), name
+    if not through_ops:
+        assert launches == [False, True, True]  # one forward for both; dq's and dk's apart
+
+
+@pytest.mark.parametrize("through_ops", [False, True], ids=["eager", "ops"])
+def test_in_place_refuses_a_leaf_that_requires_grad_before_writing(oracle_kernel, monkeypatch,
+                                                                   through_ops):
+    """A leaf that requires grad cannot be rotated in place with a gradient recorded: a
+    RuntimeError that says so, and the leaf is left as it was."""
+    if through_ops:
+        monkeypatch.setattr(api, "_direct", lambda: False)
+    q = _rand(2, 5, 4, 16).requires_grad_(True)
+    k = _rand(2, 5, 2, 16) * 1.0
+    q0 = q.detach().clone()
+    with pytest.raises(RuntimeError, match="leaf"):
+        apply_rope_inplace(q, k, cos=_rand(16, 16), sin=_rand(16, 16))
+    assert torch.equal(q.detach(), q0)
+
+
 @pytest.mark.parametrize("in_place", [False, True])
 def test_ablation_autograd_rotates_the_gradient_back(monkeypatch, in_place):
     """The ablation functions (their own plans, so no op) record their own autograd: the

@@ -318,14 +318,52 @@ class _Rotation(torch.autograd.Function):
         return (None, None, out, None) if len(gs) == 1 else (None, None, *out)
 
 
+class _RotatedInPlace(torch.autograd.Function):
+    """Records that one tensor was rotated in place (by a launch already made): the rotation
+    of views, whose in-place Function PyTorch lets return one tensor only."""
+
+    @staticmethod
+    def forward(ctx, fn, kwargs, x):
+        ctx.fn, ctx.kwargs = fn, kwargs
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        kwargs = dict(ctx.kwargs, in_place=False, inverse=not ctx.kwargs["inverse"],
+                      check_positions=False)
+        return None, None, ctx.fn(*dense_gradients([grad]), None, **kwargs)
+
+
+def _refuse_leaves(q, k) -> None:
+    """In place with a recorded gradient: a leaf that requires grad cannot be written (PyTorch
+    would refuse it after the kernel had written it)."""
+    for name, x in (("q", q), ("k", k)):
+        if x is not None and x.is_leaf and x.requires_grad:
+            raise RuntimeError(f"{name} is a leaf that requires grad, which autograd cannot "
+                               f"record an in-place rotation of; rotate a tensor computed from "
+                               f"it (a projection's output), or use apply_rope")
+
+
 def with_autograd(fn):
-    """``fn`` (:func:`rotate`'s signature), recorded for autograd when q or k requires grad."""
+    """``fn`` (:func:`rotate`'s signature), recorded for autograd when q or k requires grad.
+
+    In place with q and k, where either is a view (a model's ``q_proj(x).view(b, s, h, d)``):
+    PyTorch's autograd lets a Function that writes into a view return only one tensor, so the
+    rotation is one launch for both and its record a Function for each, whose backwards rotate
+    dq and dk in a launch each."""
     def rotate_autograd(q, k=None, *, inverse: bool = False, **kwargs):
         kwargs["inverse"] = inverse
-        if torch.is_grad_enabled() and (getattr(q, "requires_grad", False)
-                                        or getattr(k, "requires_grad", False)):
-            return _Rotation.apply(fn, kwargs, q, k)
-        return fn(q, k, **kwargs)
+        if not (torch.is_grad_enabled() and (getattr(q, "requires_grad", False)
+                                             or getattr(k, "requires_grad", False))):
+            return fn(q, k, **kwargs)
+        if kwargs["in_place"]:
+            _refuse_leaves(q, k)
+            if k is not None and (q._is_view() or k._is_view()):
+                with torch.no_grad():
+                    fn(q, k, **kwargs)
+                return tuple(_RotatedInPlace.apply(fn, kwargs, x) for x in (q, k))
+        return _Rotation.apply(fn, kwargs, q, k)
 
     return rotate_autograd
 
