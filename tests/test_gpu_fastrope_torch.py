@@ -154,6 +154,93 @@ def test_the_op_path_matches_the_direct_path(monkeypatch, in_place):
     assert all(torch.equal(a, b) for a, b in zip(direct, through_ops))
 
 
+# ---- gradients under activation checkpointing; a shared incoming gradient (PEERS.md class 5) ---
+_B, _S, _H, _HK, _D, _WIDTH = 2, 33, 4, 2, 64, 96
+
+
+def _projection_leaves(seed=11):
+    """x [b, s, width] and the q and k projections' weights, fresh leaves; q and k are
+    intermediates of the graph (a model's q_proj(x) and k_proj(x)), as the in-place form needs."""
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    shapes = [(_B, _S, _WIDTH), (_WIDTH, _H * _D), (_WIDTH, _HK * _D)]
+    return [(torch.randn(*shape, device=DEV, generator=gen) / shape[0] ** 0.5).requires_grad_(True)
+            for shape in shapes]
+
+
+def _asymmetric_tables():
+    """Tables whose pair members differ (cos's second half and sin's first half scaled): only
+    the rotation's exact transpose, not the rotation by -theta, is their backward (PEERS.md
+    class 6)."""
+    cos, sin = rope_tables(_S + 7, _D, device=DEV)
+    cos, sin = cos.clone(), sin.clone()
+    cos[:, _D // 2:] *= 0.75
+    sin[:, :_D // 2] *= 1.5
+    return cos, sin
+
+
+def _rotary_block(rope, cos, sin, positions):
+    """q_proj, k_proj, RoPE, and a loss that weighs q's heads apart and k's sum."""
+    head_weights = torch.linspace(-1.0, 2.0, _H, device=DEV).view(-1, 1)
+
+    def block(x, wq, wk):
+        q = (x @ wq).view(_B, _S, _H, _D)
+        k = (x @ wk).view(_B, _S, _HK, _D)
+        qo, ko = rope(q, k, cos=cos, sin=sin, positions=positions)
+        return (qo * head_weights).square().sum() + ko.sum()
+
+    return block
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+@pytest.mark.parametrize("rope", [apply_rope, apply_rope_inplace], ids=["out_of_place", "in_place"])
+def test_backward_under_activation_checkpointing(rope, reentrant):
+    """``torch.utils.checkpoint`` runs the block's forward again in the backward (reentrant: on
+    autograd's thread, inside a nested backward). The gradients are the plain backward's, bit for
+    bit, and the plain ones are the float64 formula's (asymmetric tables, random positions)."""
+    cos, sin = _asymmetric_tables()
+    positions = torch.randint(0, _S + 7, (_B, _S), device=DEV,
+                              generator=torch.Generator(device=DEV).manual_seed(5))
+    block = _rotary_block(rope, cos, sin, positions)
+    plain = _projection_leaves()
+    block(*plain).backward()
+    leaves = _projection_leaves()
+    # .backward(), not autograd.grad: the reentrant form refuses the latter
+    torch.utils.checkpoint.checkpoint(block, *leaves, use_reentrant=reentrant).backward()
+    want, got = [x.grad for x in plain], [x.grad for x in leaves]
+    for g, w, name in zip(got, want, ("dx", "dwq", "dwk")):
+        assert torch.count_nonzero(w) > 0 and torch.equal(g, w), name
+
+    def formula(q, k, cos, sin, positions):  # float64, as the reference rotates
+        qo, ko = hf_apply_rotary_pos_emb(q, k, cos[positions], sin[positions], unsqueeze_dim=2)
+        return qo, ko
+
+    wide = [t.detach().double().requires_grad_(True) for t in _projection_leaves()]
+    oracle = torch.autograd.grad(
+        _rotary_block(formula, cos.double(), sin.double(), positions)(*wide), wide)
+    for w, o, name in zip(want, oracle, ("dx", "dwq", "dwk")):
+        atol = 64 * torch.finfo(torch.float32).eps * o.abs().max().item()
+        torch.testing.assert_close(w.double(), o, rtol=0, atol=atol, msg=name)
+
+
+@pytest.mark.parametrize("rope", [apply_rope, apply_rope_inplace], ids=["out_of_place", "in_place"])
+def test_backward_leaves_a_shared_incoming_gradient_alone(rope):
+    """``qo + other``'s backward hands one gradient tensor to RoPE's backward and to ``other``:
+    RoPE's backward must not rotate it in place (as Liger's writes dq and dk into it), so
+    ``other`` gets exactly that gradient and the gradient itself is unchanged."""
+    x, wq, wk = _projection_leaves()
+    cos, sin = _asymmetric_tables()
+    q = (x @ wq).view(_B, _S, _H, _D)
+    k = (x @ wk).view(_B, _S, _HK, _D)
+    other = torch.zeros(_B, _S, _H, _D, device=DEV, requires_grad=True)
+    qo, ko = rope(q, k, cos=cos, sin=sin)
+    g = torch.randn(qo.shape, device=DEV, generator=torch.Generator(device=DEV).manual_seed(3))
+    g0 = g.clone()
+    torch.autograd.backward([qo + other, ko], [g, torch.ones_like(ko)])
+    assert torch.equal(g, g0), "the incoming gradient was written"
+    assert torch.equal(other.grad, g0)
+    assert torch.count_nonzero(wq.grad) > 0 and torch.count_nonzero(wk.grad) > 0
+
+
 # ---- torch.compile -----------------------------------------------------------------------------
 class _RopeOnly(torch.nn.Module):
     """The module's RoPE alone (out of place on q, in place on a copy of k): nothing inductor
