@@ -146,3 +146,70 @@ def test_list_names_the_user_row_and_the_peers_that_cannot_run(clean_registry, c
     assert missing  # vllm and transformer_engine are never installed where the tests run
     for spec in missing:
         assert f"{spec.name}: not installed: pip install" in err
+
+
+# ---- a backward that writes into its incoming gradient ------------------------------------------
+class _RotatesDyInPlace(torch.autograd.Function):
+    """Rotate-half RoPE whose backward rotates dy in place and returns it (as Liger's does)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.save_for_backward(cos, sin)
+        return x * cos + _rotate_half(x) * sin
+
+    @staticmethod
+    def backward(ctx, dy):
+        cos, sin = ctx.saved_tensors
+        return dy.copy_(dy * cos - _rotate_half(dy) * sin), None, None
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def _rows(x, cos, sin, positions):
+    """cos/sin rows [b, s, 1, d] for bshd x."""
+    return cos[positions][:, :, None].to(x.dtype), sin[positions][:, :, None].to(x.dtype)
+
+
+@pytest.mark.parametrize("dy_handed", ["the case's own", "a copy"])
+def test_a_backward_that_writes_its_incoming_gradient_is_caught(clean_registry, dy_handed):
+    """Handed the case's own dy (the canonical form): a FAIL that says so, since the check and
+    the other rows read it. Handed a copy (a prepare that makes one, as the harness does for
+    Liger): the row passes and carries a note under the table, as a graph that hands dy to two
+    nodes would get a wrong gradient."""
+    from ports._adapters import AutogradCall
+    from ports.harness import report
+    from ports.harness.runner import GRADIENT_WRITTEN, run_case
+
+    def forward(xs, inputs):
+        return tuple(_RotatesDyInPlace.apply(x, *_rows(x, inputs.cos, inputs.sin,
+                                                        inputs.positions)) for x in xs)
+
+    if dy_handed == "a copy":
+        @user.rope_impl(styles=["rotate_half"], backward=True, devices=["cpu"], prepare=True,
+                        name="writes_dy")
+        def fn(case, inputs):
+            leaves = [x.detach().clone().requires_grad_(True) for x in inputs.xs]
+            return AutogradCall(lambda ls: forward(ls, inputs), leaves,
+                                [g.clone() for g in inputs.grads])
+    else:
+        @user.rope_impl(styles=["rotate_half"], backward=True, devices=["cpu"],
+                        name="writes_dy")
+        def fn(q, k, cos, sin, positions, *, style, layout, rotary_dim):
+            rows = _rows(q, cos, sin, positions)
+            return tuple(_RotatesDyInPlace.apply(x, *rows) for x in (q, k))
+
+    registry.add([user.spec_from_callable(fn, "test:fn")])
+    case = RopeCase(2, 8, 2, 16, kv_heads=1, direction="backward")
+    rep = run_case(case, registry.select(["user"]), device=torch.device("cpu"),
+                   targets=frozenset({"cpu"}), timing_on=False)
+    r = rep.results[0]
+    if dy_handed == "a copy":
+        assert r.status == "ok" and r.gradient_note == GRADIENT_WRITTEN, r.reason
+        assert any("incoming gradient" in line for line in report.row_note_lines(rep.results))
+        assert "incoming gradient" in report.case_table(rep)
+    else:
+        assert r.status == "FAIL" and "incoming gradient dy" in r.reason
+        assert not r.gradient_note

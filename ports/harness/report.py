@@ -40,10 +40,12 @@ def note_lines(pairs: Iterable[tuple[str, str]]) -> list[str]:
     return [_wrapped(f"note: {impl} is given less work: {note}") for impl, note in notes]
 
 
-def graph_note_lines(results: Iterable[Result]) -> list[str]:
-    """``impl: no CUDA-graph time: why`` for the rows whose capture failed (their graph cell
-    reads ``failed``)."""
-    return [_wrapped(f"{r.impl}: {r.graph_note}") for r in results if r.graph_note]
+def row_note_lines(results: Iterable[Result]) -> list[str]:
+    """``impl: text`` for what the checks found about a row that passed: its CUDA-graph capture
+    failed (``no CUDA-graph time: why``; its graph cell reads ``failed``), or its backward wrote
+    into its incoming gradient."""
+    return [_wrapped(f"{r.impl}: {text}") for r in results
+            for text in (r.graph_note, r.gradient_note) if text]
 
 
 def text_table(rows: Sequence[Sequence[str]], headers: Sequence[str], fmt: str = "github",
@@ -178,7 +180,7 @@ def _compact(report: CaseReport, graph: bool) -> tuple[list[str], list[list[str]
     if any(r.host_bound for r in ran):
         footer.append(HOST_BOUND_NOTE)
     footer += note_lines((r.impl, r.note) for r in ran)
-    footer += graph_note_lines(ran)
+    footer += row_note_lines(ran)
     return ([headers[i] for i in keep], [[row[i] for i in keep] for row in rows], footer)
 
 
@@ -204,7 +206,7 @@ def case_table(report: CaseReport, graph: bool = False, verbose: bool = False,
         if any(r.host_bound for r in report.results):
             lines.append(HOST_BOUND_NOTE)
         lines += note_lines((r.impl, r.note) for r in report.results)
-        lines += graph_note_lines(report.results)
+        lines += row_note_lines(report.results)
         return "\n".join(lines)
     headers, rows, footer = _compact(report, graph)
     if rows:

@@ -37,6 +37,7 @@ class Result:
     graph_vs_fastest: float | None = None  # the same from graph_us
     timing_note: str = ""              # why there is no time, when status is ok
     graph_note: str = ""               # why a timed row has no CUDA-graph time (its capture failed)
+    gradient_note: str = ""            # a backward that wrote into its incoming gradient
     host_bound: bool = False           # the event time is the host's (metrics.is_host_bound)
     note: str = ""                     # work done outside the timed call (a peer's given_less_work)
 

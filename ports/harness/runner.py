@@ -21,6 +21,14 @@ from reference.case import RopeCase, RopeInputs, make_inputs
 from reference.expected import expected, tolerances
 from reference.vocabulary import TOKEN_AXIS
 
+# A backward that rotates dy in place and returns it: correct alone, but autograd may hand one
+# gradient tensor to two nodes (``x + y``'s backward gives both the same one), and the other
+# node then reads rotated values. The row keeps its results; the harness gave it a copy.
+GRADIENT_WRITTEN = ("its backward wrote into its incoming gradient (dy): in a graph that hands "
+                    "that tensor to another node too (x + y's backward does), the other node's "
+                    "gradient is wrong (here it was handed a copy)")
+
+
 def _short_error(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}"[:160]
@@ -158,16 +166,25 @@ def _run_one(case, spec, inputs, targets, timing_on, graph) -> Result:
         reason = spec.missing()  # a peer whose library is not installed here
     if reason is not None:
         return Result(spec.name, spec.family, spec.kind, "unsupported", reason)
-    snapshot = [x.clone() for x in inputs.xs]
+    given = [*inputs.xs, *(inputs.grads or ())]  # the case's tensors, which every row reads
+    snapshot = [x.clone() for x in given]
+    grads = None
     try:
         fn = spec.prepare(case, inputs)
+        if isinstance(fn, AutogradCall):  # the gradients this call hands its backward
+            grads = [(g, g.clone()) for g in fn.grads]
         with _alloc.poisoned():
             outs = fn()
         result = check_outputs(case, spec, inputs, outs)
         result.note = getattr(spec, "given_less_work", "")
         del outs
-        if not all(torch.equal(x, s) for x, s in zip(inputs.xs, snapshot)):
-            result.status, result.reason = "FAIL", "modified its input (out-of-place call)"
+        if not all(torch.equal(x, s) for x, s in zip(given, snapshot)):
+            result.status, result.reason = "FAIL", (
+                "modified its input (out-of-place call)" if case.direction == "forward" else
+                "modified the case's x or incoming gradient dy, which the check and the other "
+                "rows read; a backward that writes into dy must be handed a copy of it")
+        elif grads and not all(torch.equal(g, before) for g, before in grads):
+            result.gradient_note = GRADIENT_WRITTEN
         if result.status == "ok":
             if timing_on:
                 result.median_us = timing.median_us(fn)
@@ -182,6 +199,6 @@ def _run_one(case, spec, inputs, targets, timing_on, graph) -> Result:
         status = "OOM" if _is_oom(exc) else "error"
         return Result(spec.name, spec.family, spec.kind, status, _short_error(exc))
     finally:
-        del snapshot
+        del given, snapshot, grads
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
