@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tools import (_probe_kit, qknorm_minimal_probe, qknorm_rows_backward_probe,
-                   qknorm_table_bytes_probe, results_tables, rows_given_probe, source_ab_probe,
-                   traffic_pattern_probe)
+                   qknorm_table_bytes_probe, results_tables, rows_given_probe,
+                   shared_gradient_probe, source_ab_probe, traffic_pattern_probe)
 
 
 def test_write_data_file_is_a_results_table(tmp_path):
@@ -107,7 +107,8 @@ def test_qknorm_rows_backward_kernels_compile_for_sm90():
 
 @pytest.mark.skipif(torch.cuda.is_available(),
                     reason="checks the refusal on a machine without a GPU")
-@pytest.mark.parametrize("probe", [rows_given_probe, traffic_pattern_probe])
+@pytest.mark.parametrize("probe", [rows_given_probe, traffic_pattern_probe,
+                                   shared_gradient_probe])
 def test_probes_refuse_a_machine_without_a_gpu(capsys, probe):
     with pytest.raises(SystemExit) as e:
         probe.main([])
