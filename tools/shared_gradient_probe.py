@@ -5,8 +5,8 @@ backward that rotates dy in place (an in-place backward saves a buffer) changes 
 node reads if it runs first, and autograd runs later-made nodes first, so ``other`` is made
 before the rotation here: ``other = (z * 2)`` viewed as ``[b, h, s, d]``. q is a projection's
 output viewed as transformers has it (``x @ w`` as ``[b, s, h, d]``, transposed to ``[b, h, s,
-d]``), k likewise with 8 heads, bf16 tables of 4096 positions, q 32 heads of 128 at 2 x 256
-tokens, fp32; dy is laid out ``[b, s, h, d]`` in memory, as an attention backward gives it.
+d]``), k likewise with 8 heads; q 32 heads of 128 at 2 x 256 tokens, fp32, fp32 tables of the
+256 positions; dy is laid out ``[b, s, h, d]`` in memory, as an attention backward gives it.
 Rows: the implementation; whether dy is unchanged after the backward; the largest error of
 z's gradient against ``2 * dy``; and of x's against the float64 formula.
 
