@@ -9,12 +9,17 @@ which NaN-poison the outputs and check the inputs unchanged.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from ports.fastrope import qknorm
 from ports.fastrope.qknorm import qk_norm_rope
-from test_qknorm import EPS, Case, _op_args, check_backward, check_forward, make_case
+from reference.qk_norm import (backward_tolerances, forward_tolerance, qk_norm_rope_oracle,
+                               qk_norm_rope_oracle_backward, rms_norm)
+from reference.tables import rope_tables
+from test_qknorm import EPS, Case, _close, _op_args, check_backward, check_forward, make_case
 
 pytestmark = pytest.mark.gpu
 
@@ -64,6 +69,66 @@ def test_large_case_over_64_mb():
     c = Case(b=1, s=8192, hq=32, hk=8, d=128, dtype="bf16", positions="ids")
     check_forward(c)
     check_backward(c)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("norm", ["head", "token"])
+def test_more_than_2_31_elements(norm):
+    """q [1, 524289, 32, 128] bf16, 2^31 + 4096 elements (k: 8 heads), per-token positions: the
+    forward's and the backward's offsets past element 2^31 must be 64-bit. q's and k's outputs
+    and gradients on their first and last 64 tokens (the last lie past element 2^31 of q)
+    against the oracle of those tokens alone; the weight gradients against the oracle summed
+    over chunks of tokens."""
+    if torch.cuda.get_device_properties(0).total_memory < 60e9:
+        pytest.skip("needs a GPU with 60 GB or more (about 35 GB at the peak)")
+    hq, hk, d, rows = 32, 8, 128, 4096
+    s = 2**31 // (hq * d) + 1
+    gen = torch.Generator(device="cuda").manual_seed(0)
+
+    def rand(*shape, shift=0.25):  # fresh values, never zeros
+        return torch.randn(*shape, device="cuda", generator=gen).bfloat16() + shift
+
+    q, k = rand(1, s, hq, d), rand(1, s, hk, d)
+    assert q.numel() > 2**31
+    widths = (hq * d, hk * d) if norm == "token" else (d, d)
+    qw, kw = (rand(n, shift=1.0) for n in widths)
+    cos, sin = rope_tables(rows, d, device="cuda")
+    pos = torch.randint(0, rows, (1, s), device="cuda", generator=gen)
+    leaves = [t.requires_grad_(True) for t in (q, k, qw, kw)]
+    qo, ko = qk_norm_rope(*leaves, EPS, cos=cos, sin=sin, positions=pos.int(),
+                          **({"norm": norm} if norm != "head" else {}))
+    grads = rand(1, s, hq, d, shift=0.0), rand(1, s, hk, d, shift=0.0)
+    dq, dk, dqw, dkw = torch.autograd.grad((qo, ko), leaves, grads)
+    okw = dict(cos_table=cos.double(), sin_table=sin.double(), layout="bshd",
+               style="rotate_half", norm=norm)
+    for name, x, w, out, g, dx, dw in (("q", q, qw, qo, grads[0], dq, dqw),
+                                       ("k", k, kw, ko, grads[1], dk, dkw)):
+        x, w, out = x.detach(), w.detach(), out.detach()
+        width = d * x.shape[2] if norm == "token" else d
+        for t0 in (0, s - 64):
+            xs, gs, ps = x[:, t0:t0 + 64], g[:, t0:t0 + 64], pos[:, t0:t0 + 64]
+            ref = qk_norm_rope_oracle(xs, w, EPS, positions=ps, **okw)
+            z = rms_norm(xs, w, EPS, norm=norm)
+            _close(out[:, t0:t0 + 64], ref, forward_tolerance(ref, z, x.dtype, width),
+                   f"{name}_out, tokens {t0}..")
+            dx_ref, _ = qk_norm_rope_oracle_backward(xs, w, gs, EPS, positions=ps, **okw)
+            dx_tol, _ = backward_tolerances(xs, w, gs, EPS, positions=ps, **okw,
+                                            dx_dtype=x.dtype, dw_dtype=w.dtype)
+            _close(dx[:, t0:t0 + 64], dx_ref, dx_tol, f"d{name}, tokens {t0}..")
+        # dw sums over every token: the oracle's, chunk by chunk; each chunk's tolerance widened
+        # from its own count of summed terms to the whole sum's (the bound grows with log2 N)
+        per_token = 1 if norm == "token" else x.shape[2]
+        dw_ref = dw_tol = 0.0
+        for t0 in range(0, s, 32768):
+            xs, gs, ps = x[:, t0:t0 + 32768], g[:, t0:t0 + 32768], pos[:, t0:t0 + 32768]
+            dw_ref = dw_ref + qk_norm_rope_oracle_backward(xs, w, gs, EPS, positions=ps,
+                                                           **okw)[1]
+            _, tol = backward_tolerances(xs, w, gs, EPS, positions=ps, **okw, dx_dtype=x.dtype,
+                                         dw_dtype=w.dtype)
+            terms = xs.shape[1] * per_token
+            dw_tol = dw_tol + tol * ((math.log2(s * per_token) + 8)
+                                     / (math.log2(max(terms, 2)) + 8))
+        _close(dw, dw_ref, dw_tol, f"d{name}_weight")
 
 
 @pytest.mark.parametrize("case", [
