@@ -228,12 +228,12 @@ def test_autograd_in_place_matches_out_of_place(oracle_kernel, monkeypatch, with
 
 
 @pytest.mark.parametrize("through_ops", [False, True], ids=["eager", "ops"])
-@pytest.mark.parametrize("views", ["q", "k", "both"])
+@pytest.mark.parametrize("views", ["q", "k", "both", "q alone"])
 def test_autograd_in_place_into_views(oracle_kernel, monkeypatch, through_ops, views):
     """q and k as a model has them, views of its projections' outputs (``q_proj(x).view(...)``):
     apply_rope_inplace with a gradient recorded gives apply_rope's values and gradients. PyTorch
     lets an in-place Function on a view return one tensor, so the eager path rotates both in one
-    launch and records a Function each."""
+    launch and records a Function each ("q alone": no k, the one Function)."""
     if through_ops:
         monkeypatch.setattr(api, "_direct", lambda: False)
     launches = []
@@ -254,19 +254,23 @@ def test_autograd_in_place_into_views(oracle_kernel, monkeypatch, through_ops, v
         q = (x @ wq).view(2, 5, 4, 16)
         k = (x @ wk).view(2, 5, 2, 16)
         q, k = (t if views in (name, "both") else t * 1.0 for name, t in (("q", q), ("k", k)))
-        assert q._is_view() == (views != "k") and k._is_view() == (views != "q")
+        if views == "q alone":
+            q, k = (x @ wq).view(2, 5, 4, 16), None
+        assert q._is_view() == (views != "k")
         outs = rope(q, k, cos=cos, sin=sin, offsets=2)
-        if rope is apply_rope_inplace:
-            assert outs[0] is q and outs[1] is k
-        return list(outs) + list(torch.autograd.grad(outs, leaves, dys))
+        outs = (outs,) if k is None else outs
+        assert rope is apply_rope or all(o is t for o, t in zip(outs, (q, k)))
+        return list(outs) + list(torch.autograd.grad(outs, leaves, dys[:len(outs)],
+                                                     allow_unused=True))
 
     want = step(apply_rope)
     launches.clear()
     got = step(apply_rope_inplace)
-    for name, a, b in zip(("q", "k", "dx", "dwq", "dwk"), want, got):
-        assert torch.equal(a, b), name
-    if not through_ops:
-        assert launches == [False, True, True]  # one forward for both; dq's and dk's apart
+    assert len(got) == len(want)
+    for a, b in zip(want, got):
+        assert (a is None and b is None) or torch.equal(a, b)
+    if not through_ops:  # one forward for both; dq's and dk's apart (q alone: one backward)
+        assert launches == ([False, True] if views == "q alone" else [False, True, True])
 
 
 @pytest.mark.parametrize("through_ops", [False, True], ids=["eager", "ops"])
