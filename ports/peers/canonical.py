@@ -105,7 +105,8 @@ def _token_positions(inputs: RopeInputs) -> torch.Tensor:
 def _in_place_call(case: RopeCase, inputs: RopeInputs, rotate):
     """``rotate(buffers)`` on copies of the case's tensors made here (forward); for backward,
     autograd through ``rotate`` of copies inside the graph (as a model hands a peer the output
-    of a projection, not a leaf, which autograd would not let it write)."""
+    of a projection, not a leaf, which autograd would not let it write), with copies of dy (an
+    in-place peer's backward may rotate dy itself, as Liger's does; the runner notes it)."""
     buffers = [x.clone() for x in inputs.xs]
     if case.direction == "forward":
         return lambda: tuple(rotate(buffers))
