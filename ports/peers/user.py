@@ -17,7 +17,8 @@ The function takes the canonical inputs and returns the rotated tensors::
   ``rotary_dim``: R, the rotated leading channels; the rest must pass through unchanged.
 
 It must not modify its inputs (rotate copies if the kernel works in place). For the backward
-direction it is differentiated by autograd.
+direction it is differentiated by autograd, and its backward must not write into the incoming
+gradient dy either (autograd may hand that tensor to another node too): the row fails if it does.
 
 A package adds its functions without ``--impl`` by declaring entry points, in its
 ``pyproject.toml``::
