@@ -228,12 +228,13 @@ def test_autograd_in_place_matches_out_of_place(oracle_kernel, monkeypatch, with
 
 
 @pytest.mark.parametrize("through_ops", [False, True], ids=["eager", "ops"])
-@pytest.mark.parametrize("views", ["q", "k", "both", "q alone"])
+@pytest.mark.parametrize("views", ["q", "k", "both", "q alone", "packed qkv"])
 def test_autograd_in_place_into_views(oracle_kernel, monkeypatch, through_ops, views):
     """q and k as a model has them, views of its projections' outputs (``q_proj(x).view(...)``):
     apply_rope_inplace with a gradient recorded gives apply_rope's values and gradients. PyTorch
     lets an in-place Function on a view return one tensor, so the eager path rotates both in one
-    launch and records a Function each ("q alone": no k, the one Function)."""
+    launch and records a Function each ("q alone": no k, the one Function; "packed qkv": q and
+    k views of one projection's output, as a fused qkv projection gives them)."""
     if through_ops:
         monkeypatch.setattr(api, "_direct", lambda: False)
     launches = []
@@ -256,6 +257,9 @@ def test_autograd_in_place_into_views(oracle_kernel, monkeypatch, through_ops, v
         q, k = (t if views in (name, "both") else t * 1.0 for name, t in (("q", q), ("k", k)))
         if views == "q alone":
             q, k = (x @ wq).view(2, 5, 4, 16), None
+        elif views == "packed qkv":  # [q heads, k heads, v heads] of one output, sliced
+            qkv = (x @ torch.cat([wq, wk, wk], 1)).view(2, 5, 8, 16)
+            q, k = qkv[:, :, :4], qkv[:, :, 4:6]
         assert q._is_view() == (views != "k")
         outs = rope(q, k, cos=cos, sin=sin, offsets=2)
         outs = (outs,) if k is None else outs
@@ -271,6 +275,22 @@ def test_autograd_in_place_into_views(oracle_kernel, monkeypatch, through_ops, v
         assert (a is None and b is None) or torch.equal(a, b)
     if not through_ops:  # one forward for both; dq's and dk's apart (q alone: one backward)
         assert launches == ([False, True] if views == "q alone" else [False, True, True])
+
+
+@pytest.mark.parametrize("through_ops", [False, True], ids=["eager", "ops"])
+def test_in_place_refuses_views_of_split_before_writing(oracle_kernel, monkeypatch, through_ops):
+    """q and k from ``qkv.split(...)``: PyTorch's autograd lets no output of a function that
+    returns several views be written in place. A RuntimeError that says so, before anything is
+    written (the eager path checks first; the ops path's ``copy_`` is refused by PyTorch)."""
+    if through_ops:
+        monkeypatch.setattr(api, "_direct", lambda: False)
+    x = _rand(2, 5, 24).requires_grad_(True)
+    w = _rand(24, 128)
+    q, k, _ = (x @ w).view(2, 5, 8, 16).split([4, 2, 2], 2)
+    q0, k0 = q.detach().clone(), k.detach().clone()
+    with pytest.raises(RuntimeError, match="view"):
+        apply_rope_inplace(q, k, cos=_rand(16, 16), sin=_rand(16, 16))
+    assert torch.equal(q.detach(), q0) and torch.equal(k.detach(), k0)
 
 
 @pytest.mark.parametrize("through_ops", [False, True], ids=["eager", "ops"])

@@ -118,9 +118,11 @@ def apply_rope_inplace(q, k=None, *, cos=None, sin=None, positions=None, offsets
                        rotary_dim=None, base=10000.0, inv_freq=None, check_positions=True):
     """As :func:`apply_rope`, rotating q (and k) in place; returns them.
 
-    With a gradient recorded, q and k are tensors computed in the graph (a leaf that requires
-    grad is refused before anything is written); views such as ``q_proj(x).view(b, s, h, d)``
-    work, their backward then a launch for dq and one for dk.
+    With a gradient recorded, q and k are tensors computed in the graph; views such as
+    ``q_proj(x).view(b, s, h, d)`` or slices of a packed qkv work, their backward then a launch
+    for dq and one for dk. What PyTorch's autograd cannot record written in place is refused
+    before anything is written: a leaf that requires grad, and an output of ``split``, ``chunk``
+    or ``unbind``.
 
     Traced, the call is the mutating op ``torch.ops.fastrope.rope_``, or, when a gradient is
     recorded, ``torch.ops.fastrope.rope`` and ``copy_`` into q and k (PyTorch has no autograd for

@@ -335,14 +335,24 @@ class _RotatedInPlace(torch.autograd.Function):
         return None, None, ctx.fn(*dense_gradients([grad]), None, **kwargs)
 
 
-def _refuse_leaves(q, k) -> None:
-    """In place with a recorded gradient: a leaf that requires grad cannot be written (PyTorch
-    would refuse it after the kernel had written it)."""
+def _refuse_unrecordable(q, k) -> None:
+    """In place with a recorded gradient, refuse before the kernel writes what PyTorch's autograd
+    would refuse after it: a leaf that requires grad, and a view made by a function that returns
+    several views (``split``, ``chunk``, ``unbind``) or in no-grad or inference mode."""
+    creation_meta = getattr(torch._C._autograd, "_get_creation_meta", None)  # private; may go
     for name, x in (("q", q), ("k", k)):
-        if x is not None and x.is_leaf and x.requires_grad:
+        if x is None or not x.requires_grad:
+            continue
+        if x.is_leaf:
             raise RuntimeError(f"{name} is a leaf that requires grad, which autograd cannot "
                                f"record an in-place rotation of; rotate a tensor computed from "
                                f"it (a projection's output), or use apply_rope")
+        if (creation_meta is not None and x._is_view()
+                and creation_meta(x) != torch._C._autograd.CreationMeta.DEFAULT):
+            raise RuntimeError(
+                f"{name} is a view PyTorch's autograd does not let be written in place "
+                f"({creation_meta(x).name}: e.g. an output of split, chunk or unbind); slice "
+                f"it instead (qkv[..., :heads, :]), or use apply_rope")
 
 
 def with_autograd(fn):
@@ -358,7 +368,7 @@ def with_autograd(fn):
                                              or getattr(k, "requires_grad", False))):
             return fn(q, k, **kwargs)
         if kwargs["in_place"]:
-            _refuse_leaves(q, k)
+            _refuse_unrecordable(q, k)
             if k is not None and (q._is_view() or k._is_view()):
                 with torch.no_grad():
                     fn(q, k, **kwargs)
