@@ -339,7 +339,6 @@ def _refuse_unrecordable(q, k) -> None:
     """In place with a recorded gradient, refuse before the kernel writes what PyTorch's autograd
     would refuse after it: a leaf that requires grad, and a view made by a function that returns
     several views (``split``, ``chunk``, ``unbind``) or in no-grad or inference mode."""
-    creation_meta = getattr(torch._C._autograd, "_get_creation_meta", None)  # private; may go
     for name, x in (("q", q), ("k", k)):
         if x is None or not x.requires_grad:
             continue
@@ -347,12 +346,25 @@ def _refuse_unrecordable(q, k) -> None:
             raise RuntimeError(f"{name} is a leaf that requires grad, which autograd cannot "
                                f"record an in-place rotation of; rotate a tensor computed from "
                                f"it (a projection's output), or use apply_rope")
-        if (creation_meta is not None and x._is_view()
-                and creation_meta(x) != torch._C._autograd.CreationMeta.DEFAULT):
+        how = _view_creation(x)
+        if how not in (None, "DEFAULT"):
             raise RuntimeError(
                 f"{name} is a view PyTorch's autograd does not let be written in place "
-                f"({creation_meta(x).name}: e.g. an output of split, chunk or unbind); slice "
-                f"it instead (qkv[..., :heads, :]), or use apply_rope")
+                f"({how}: e.g. an output of split, chunk or unbind); slice it instead "
+                f"(qkv[..., :heads, :]), or use apply_rope")
+
+
+def _view_creation(x) -> str | None:
+    """How autograd says view ``x`` was made (``DEFAULT``, ``MULTI_OUTPUT_NODE``,
+    ``NO_GRAD_MODE``, ...), or None for a tensor that is not a view or where PyTorch does not say
+    (the query is private)."""
+    query = getattr(torch._C._autograd, "_get_creation_meta", None)
+    if query is None or not x._is_view():
+        return None
+    try:
+        return query(x).name
+    except (RuntimeError, AttributeError):
+        return None
 
 
 def with_autograd(fn):
