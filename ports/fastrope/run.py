@@ -298,6 +298,12 @@ def dense_gradients(grads):
     return [g if g.stride(-1) == 1 else g.contiguous() for g in grads]
 
 
+def _backward_kwargs(kwargs: dict) -> dict:
+    """A forward call's keywords for its backward: dy rotated the other way, into new tensors,
+    with the positions already checked."""
+    return dict(kwargs, in_place=False, inverse=not kwargs["inverse"], check_positions=False)
+
+
 class _Rotation(torch.autograd.Function):
     """A rotation with autograd: the backward is the same kernel rotating dy by -theta."""
 
@@ -311,10 +317,8 @@ class _Rotation(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        kwargs = dict(ctx.kwargs, in_place=False, inverse=not ctx.kwargs["inverse"],
-                      check_positions=False)
         gs = dense_gradients(grads)
-        out = ctx.fn(*gs, **kwargs)
+        out = ctx.fn(*gs, **_backward_kwargs(ctx.kwargs))
         return (None, None, out, None) if len(gs) == 1 else (None, None, *out)
 
 
@@ -330,9 +334,7 @@ class _RotatedInPlace(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        kwargs = dict(ctx.kwargs, in_place=False, inverse=not ctx.kwargs["inverse"],
-                      check_positions=False)
-        return None, None, ctx.fn(*dense_gradients([grad]), None, **kwargs)
+        return None, None, ctx.fn(*dense_gradients([grad]), None, **_backward_kwargs(ctx.kwargs))
 
 
 def _refuse_unrecordable(q, k) -> None:
