@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import json
 import types
 
 import torch
@@ -179,3 +180,36 @@ def outcome(call, xs, kw, launches: list) -> list | str:
     except (ValueError, NotImplementedError, TypeError, IndexError) as e:
         return f"{type(e).__name__}: {e}"
     return list(launches)
+
+
+def family_geometry(family: str) -> tuple[int, int]:
+    """(SM count, L2 bytes) of a tuning table's family name, as tuning.family_name writes it
+    ("sm_90, 132 SMs, 50 MiB L2, 5120-bit memory bus")."""
+    parts = [p.strip() for p in family.split(",")]
+    sms = int(parts[1].split()[0])
+    l2 = float(parts[2].split()[0])
+    return sms, int(l2 * 2**20)
+
+
+def tuned_digests(monkeypatch_setattr, table: dict, *, plan, kernel, launcher, run) -> list[str]:
+    """For every problem of :func:`cases`, in order, a digest of the launches the design makes on
+    a GPU of ``table``'s family (the planner faked to its SM count and L2 size, and the table's
+    choices), or of its error."""
+    launches = fake_device(monkeypatch_setattr, plan=plan, kernel=kernel, launcher=launcher)
+    sms, l2 = family_geometry(table["family"])
+    rules = plan.with_choices(table["choices"])
+    monkeypatch_setattr(plan, "sm_count", lambda index: sms)
+    monkeypatch_setattr(plan, "l2_bytes", lambda index: l2)
+    monkeypatch_setattr(plan, "device_rules", lambda index: rules)
+
+    def call(xs, kw):
+        in_place = kw.pop("in_place")
+        run.DESIGN.entries.clear()
+        run.rotate(*xs, in_place=in_place, **kw)
+
+    digests = []
+    for case in cases():
+        xs, kw = arguments(case)
+        got = outcome(call, xs, dict(kw, in_place=case["in_place"]), launches)
+        digests.append(hashlib.sha1(json.dumps(got, sort_keys=True).encode()).hexdigest()[:10])
+    return digests

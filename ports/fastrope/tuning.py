@@ -12,6 +12,10 @@ family (``ports.fastrope.qknorm.DEVICE_TUNED``), written by ``python -m ports.ha
 --qknorm`` with its run and measurements beside it; a constant that ``qknorm_source`` names was
 set by hand from the tools/qknorm_launch_sweep.py data file it names (the next ``--qknorm`` run
 decides it, and drops the entry); the module's own values serve the rest.
+
+tests/test_fastrope_plans.py pins the launches each shipped table gives
+(tests/data/fastrope_tuned_plans.json): the tables results/ measured on a GPU describe them, and a
+change that moves them fails there until re-recorded (tests/data/record_tuned_plans.py).
 """
 from __future__ import annotations
 
